@@ -1,0 +1,72 @@
+"""Compressors and checksums (bytes -> bytes), decoded on the CPU through numcodecs.
+
+GPU batch decoders for the same names live in :mod:`.gpu`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import google_crc32c
+import numcodecs
+
+from .base import BytesBytesCodec
+
+
+class _Numcodecs(BytesBytesCodec):
+    """A compressor whose CPU decode is a numcodecs codec (they release the GIL)."""
+
+    numcodecs_cls: Any
+
+    def __init__(self, **config: Any):
+        super().__init__(**config)
+        self._codec = self.numcodecs_cls()  # decoding needs no configuration
+
+    def decode(self, data: Any) -> Any:
+        return self._codec.decode(data)
+
+
+class Zstd(_Numcodecs):
+    name = "zstd"
+    numcodecs_cls = numcodecs.Zstd
+
+
+class GZip(_Numcodecs):
+    name = "gzip"
+    numcodecs_cls = numcodecs.GZip
+
+
+class Zlib(_Numcodecs):
+    name = "zlib"
+    numcodecs_cls = numcodecs.Zlib
+
+
+class LZ4(_Numcodecs):
+    """numcodecs LZ4: a 4-byte little-endian decompressed size, then an LZ4 block."""
+
+    name = "lz4"
+    numcodecs_cls = numcodecs.LZ4
+
+
+class Blosc(_Numcodecs):
+    """Blosc1 frames; the frame header says how it was shuffled and compressed."""
+
+    name = "blosc"
+    numcodecs_cls = numcodecs.Blosc
+
+
+class Crc32c(BytesBytesCodec):
+    """Zarr v3 ``crc32c``: the data followed by its CRC32C as 4 little-endian bytes."""
+
+    name = "crc32c"
+
+    def decode(self, data: Any) -> Any:
+        view = memoryview(data).cast("B")
+        if len(view) < 4:
+            raise ValueError(f"chunk of {len(view)} bytes is too short to hold a crc32c checksum")
+        body, stored = view[:-4], int.from_bytes(view[-4:], "little")
+        actual = google_crc32c.value(body)
+        if actual != stored:
+            raise ValueError(f"crc32c mismatch: stored {stored:#010x}, computed {actual:#010x}")
+        return body
+

@@ -1,0 +1,96 @@
+"""A codec chain built from an array's metadata, decoding whole batches of chunks.
+
+:meth:`CodecPipeline.decode_batch` is the one call a task makes for all chunks
+of its block. On the CPU it runs each chunk's chain on a thread pool (the
+numcodecs decoders release the GIL); the GPU path decodes stage by stage, one
+batched nvCOMP call per stage (:mod:`.gpu`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from typing import Any
+
+import numpy as np
+
+from .base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
+from .registry import get_codec
+from ..errors import ChunkDecodeError, MetadataError
+from ..metadata import ArraySpec
+
+
+class CodecPipeline:
+    """The decode side of one array's codec chain."""
+
+    def __init__(self, spec: ArraySpec):
+        codecs = [get_codec(c, spec.name) for c in spec.codecs]
+        kinds = [c.kind for c in codecs]
+        if kinds.count("array_bytes") != 1:
+            raise MetadataError(
+                f"{spec.name}: {spec.metadata_key} codecs must hold exactly one array->bytes codec "
+                f"(such as 'bytes'), got {[c.name for c in codecs]}"
+            )
+        ab = kinds.index("array_bytes")
+        if any(k != "array_array" for k in kinds[:ab]) or any(k != "bytes_bytes" for k in kinds[ab + 1 :]):
+            raise MetadataError(
+                f"{spec.name}: {spec.metadata_key} codecs are out of order (array->array, then "
+                f"array->bytes, then bytes->bytes): {[c.name for c in codecs]}"
+            )
+        self.array = spec.name
+        self.array_array: list[ArrayArrayCodec] = codecs[:ab]  # type: ignore[assignment]
+        self.array_bytes: ArrayBytesCodec = codecs[ab]  # type: ignore[assignment]
+        self.bytes_bytes: list[BytesBytesCodec] = codecs[ab + 1 :]  # type: ignore[assignment]
+        # layouts[i] is the input layout of array_array[i]; layouts[-1] is what array_bytes yields
+        layouts = [ChunkLayout(spec.chunk_shape, spec.dtype)]
+        try:
+            for c in self.array_array:
+                layouts.append(c.resolve(layouts[-1]))
+        except ValueError as e:
+            raise MetadataError(f"{spec.name}: {spec.metadata_key} codecs: {e}") from e
+        self.layouts = layouts
+
+    @property
+    def codecs(self) -> list:
+        return [*self.array_array, self.array_bytes, *self.bytes_bytes]
+
+    def decode_chunk(self, data: Any, key: str) -> np.ndarray:
+        """Decode one stored chunk on the CPU into an array of the chunk's shape and dtype."""
+        codec = None
+        try:
+            for codec in reversed(self.bytes_bytes):
+                data = codec.decode(data)
+            codec = self.array_bytes
+            arr = codec.decode(data, self.layouts[-1])
+            for codec, layout in zip(reversed(self.array_array), reversed(self.layouts[:-1])):
+                arr = codec.decode(arr, layout)
+        except Exception as e:  # any decoder failure is reported against its chunk
+            raise ChunkDecodeError(self.array, key, f"{type(e).__name__}: {e}", codec.name if codec else None) from e
+        return arr
+
+    def decode_batch(
+        self,
+        buffers: Sequence[Any],
+        keys: Sequence[str],
+        pool: Executor,
+        sink: Callable[[int, np.ndarray], None] | None = None,
+    ) -> list[np.ndarray] | None:
+        """Decode all ``buffers`` on the CPU, spread over ``pool``.
+
+        With ``sink``, each decoded chunk is handed to ``sink(i, array)`` on the
+        pool thread (so it can be placed into the block at once) and nothing is
+        returned; otherwise the decoded chunks are returned in order.
+        """
+
+        def one(i: int) -> np.ndarray | None:
+            arr = self.decode_chunk(buffers[i], keys[i])
+            if sink is None:
+                return arr
+            sink(i, arr)
+            return None
+
+        if len(buffers) == 1:
+            out = [one(0)]
+        else:
+            out = list(pool.map(one, range(len(buffers))))
+        return None if sink is not None else out  # type: ignore[return-value]

@@ -1,0 +1,47 @@
+"""Configuration defaults, kept in dask's config under the ``gpuzarr`` key.
+
+Set them like any dask option, e.g. ``dask.config.set({"gpuzarr.block-size.gpu": "1 GiB"})``
+or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
+
+``gpuzarr.block-size.cpu`` / ``gpuzarr.block-size.gpu``
+    Target size in bytes (decompressed) of one dask block when ``chunks="auto"``.
+    A block is always a whole multiple of the Zarr chunk shape, so each dask task
+    decodes all of its chunks in one batch. Defaults: 128 MiB on the CPU, 256 MiB
+    on the GPU (nvCOMP needs dozens of chunks per call to keep a GPU busy).
+``gpuzarr.io-threads``
+    Threads that read chunk files per process (shared by all tasks). Default 16.
+``gpuzarr.decode-threads``
+    Threads that decode chunks on the CPU device per process. Default: CPU count.
+"""
+
+from __future__ import annotations
+
+import os
+
+import dask.config
+
+DEFAULTS: dict = {
+    "gpuzarr": {
+        "block-size": {"cpu": "128 MiB", "gpu": "256 MiB"},
+        "io-threads": 16,
+        "decode-threads": None,
+    }
+}
+
+dask.config.update_defaults(DEFAULTS)
+
+
+def block_size_bytes(device: str) -> int:
+    """The configured target block size for ``device`` ("cpu" or "gpu"), in bytes."""
+    from dask.utils import parse_bytes
+
+    return int(parse_bytes(dask.config.get(f"gpuzarr.block-size.{device}")))
+
+
+def io_threads() -> int:
+    return max(1, int(dask.config.get("gpuzarr.io-threads")))
+
+
+def decode_threads() -> int:
+    n = dask.config.get("gpuzarr.decode-threads")
+    return max(1, int(n) if n else (os.cpu_count() or 1))

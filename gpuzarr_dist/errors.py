@@ -1,0 +1,55 @@
+"""Exceptions raised by gpuzarr-dist.
+
+Every error that concerns stored data names the array and the chunk key (or the
+metadata document and field), so a failure in one task of a large graph can be
+traced to the object in the store that caused it.
+"""
+
+from __future__ import annotations
+
+
+class GpuZarrError(Exception):
+    """Base class of every error raised by gpuzarr-dist."""
+
+
+class MetadataError(GpuZarrError, ValueError):
+    """Zarr metadata that cannot be read or is inconsistent.
+
+    The message names the metadata document (``zarr.json`` or ``.zarray``) and,
+    where known, the field.
+    """
+
+
+class UnsupportedCodecError(MetadataError, NotImplementedError):
+    """A codec named in the metadata that no decoder in the registry handles."""
+
+    def __init__(self, codec: str, array: str, known: list[str] | None = None):
+        self.codec = codec
+        self.array = array
+        hint = f" Known codecs: {', '.join(sorted(known))}." if known else ""
+        super().__init__(f"{array}: unknown codec {codec!r}.{hint}")
+
+
+class ChunkDecodeError(GpuZarrError, ValueError):
+    """A stored chunk that failed to decode (corrupt, truncated, wrong size, bad checksum)."""
+
+    def __init__(self, array: str, key: str, reason: str, codec: str | None = None):
+        self.array = array
+        self.key = key
+        self.codec = codec
+        self.reason = reason
+        where = f" with codec {codec!r}" if codec else ""
+        super().__init__(f"{array}: chunk {key!r} failed to decode{where}: {reason}")
+
+
+class DeviceUnavailableError(GpuZarrError, RuntimeError):
+    """``device="gpu"`` was asked for where no usable GPU stack is installed."""
+
+
+class ChunkReadError(GpuZarrError, OSError):
+    """Reading a chunk's bytes from the store failed (after any retries)."""
+
+    def __init__(self, array: str, key: str, reason: str):
+        self.array = array
+        self.key = key
+        super().__init__(f"{array}: reading chunk {key!r} failed: {reason}")

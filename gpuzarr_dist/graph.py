@@ -1,0 +1,127 @@
+"""``from_zarr_gpu``: a dask array whose blocks are read, decoded and assembled in one task each.
+
+The graph is dask's own data-producer Blockwise layer (``dask.array.from_array``
+with the reader inlined into every task), so dask's blockwise fusion merges the
+read with the elementwise operations and the first step of a reduction that
+follow it: ``(x * 2 + 1).mean(axis=0)`` optimises to one task per block plus
+the reduction tree.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.array.core import normalize_chunks
+from dask.base import tokenize
+
+from . import config
+from .metadata import ArraySpec
+from .reader import BlockReader
+from .runtime.device import resolve_device
+from .stores.source import open_source
+
+
+def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
+    """A block shape that is a whole multiple of the chunk shape, about ``target_bytes`` big.
+
+    Axes grow in order, the first (slowest-varying, often time) first: each
+    axis takes as many chunks as fit, up to its whole extent, before the next
+    one grows. At least one chunk per block, whatever its size.
+    """
+    block = list(spec.chunk_shape)
+    item = spec.dtype.itemsize
+    for ax, n in enumerate(spec.shape):
+        size = math.prod(block) * item
+        if size >= target_bytes:
+            break
+        chunks_on_axis = math.ceil(n / spec.chunk_shape[ax]) if spec.chunk_shape[ax] else 1
+        fit = max(1, int(target_bytes // max(size, 1)))
+        block[ax] = spec.chunk_shape[ax] * min(chunks_on_axis, fit)
+    return tuple(min(b, max(n, 1)) for b, n in zip(block, spec.shape))
+
+
+def _block_chunks(spec: ArraySpec, chunks: Any, device: str) -> tuple[tuple[int, ...], ...]:
+    if chunks is None or (isinstance(chunks, str) and chunks == "auto"):
+        return normalize_chunks(auto_block_shape(spec, config.block_size_bytes(device)), spec.shape)
+    if isinstance(chunks, str):  # e.g. "512 MiB": a block size to aim for, still chunk-aligned
+        from dask.utils import parse_bytes
+
+        return normalize_chunks(auto_block_shape(spec, int(parse_bytes(chunks))), spec.shape)
+    out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.chunk_shape)
+    for ax, (bs, c) in enumerate(zip(out, spec.chunk_shape)):
+        if any(b % c for b in bs[:-1]):
+            warnings.warn(
+                f"{spec.name}: blocks {bs[:3]}... on axis {ax} are not multiples of the Zarr chunk size {c}; "
+                "chunks on block boundaries will be read and decoded more than once",
+                stacklevel=3,
+            )
+            break
+    return out
+
+
+def _meta(dtype: np.dtype, ndim: int, device: str) -> Any:
+    if device == "gpu":
+        import cupy
+
+        return cupy.empty((0,) * ndim, dtype=dtype)
+    return np.empty((0,) * ndim, dtype=dtype)
+
+
+def _warn_if_array_expr() -> None:
+    if dask.config.get("array.query-planning", None):
+        warnings.warn(
+            "dask's array query planning ('array.query-planning') is on: it does not fuse blockwise "
+            "layers, so each block's read and compute run as separate tasks",
+            stacklevel=3,
+        )
+
+
+def from_zarr_gpu(
+    source: Any,
+    component: str | None = None,
+    *,
+    chunks: Any = "auto",
+    device: str = "auto",
+    storage_options: dict | None = None,
+) -> da.Array:
+    """A dask array over a Zarr array, each block read and decoded in one batched task.
+
+    Parameters
+    ----------
+    source
+        A local path or ``file://`` URL, a remote URL, a ``zarr.Array``, a
+        ``zarr.Group`` or a zarr store. Zarr formats 2 and 3.
+    component
+        The array's path inside a group or store.
+    chunks
+        ``"auto"`` (default): blocks are whole multiples of the Zarr chunks of
+        about ``gpuzarr.block-size.{cpu,gpu}`` bytes (128 MiB / 256 MiB by
+        default). A byte string (``"1 GiB"``) sets that size for this call.
+        Anything else is passed to dask's ``normalize_chunks`` and honoured as
+        given.
+    device
+        ``"auto"`` (GPU when usable, else CPU), ``"gpu"`` (cupy chunks) or
+        ``"cpu"`` (numpy chunks).
+    storage_options
+        Passed to the store for remote URLs.
+    """
+    dev = resolve_device(device)
+    store, spec = open_source(source, component, storage_options)
+    reader = BlockReader(store, spec, dev)
+    block_chunks = _block_chunks(spec, chunks, dev)
+    _warn_if_array_expr()
+    name = "from-zarr-gpu-" + tokenize(store.token(), spec, dev, block_chunks)
+    return da.from_array(
+        reader,
+        chunks=block_chunks,
+        name=name,
+        asarray=False,
+        fancy=True,  # dask 2026.8 fuses no slices into getter_nofancy: let slices reach the reader
+        inline_array=True,
+        meta=_meta(spec.dtype, spec.ndim, dev),
+    )

@@ -1,0 +1,161 @@
+"""Normalised array metadata: what a task needs to find and decode chunks.
+
+zarr-python parses and validates the metadata documents; this module turns the
+result into a small, picklable :class:`ArraySpec` that describes both Zarr
+formats the same way: a regular chunk grid, a chunk key encoding and one codec
+chain in the Zarr v3 form (array->array codecs, one array->bytes codec,
+bytes->bytes codecs). Zarr v2 maps onto it as ``[transpose (order F)],
+filters..., bytes(endian of the dtype), compressor``.
+
+Nothing here touches a store, a codec implementation or a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import MetadataError
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One codec of the chain: its metadata name and configuration."""
+
+    name: str
+    configuration: dict = field(default_factory=dict, hash=False, compare=True)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """Everything about one Zarr array that reading it needs, store aside."""
+
+    name: str  # for messages: the array's path or URL
+    shape: tuple[int, ...]
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype
+    fill_value: Any
+    zarr_format: int
+    codecs: tuple[CodecSpec, ...]
+    key_prefix: str  # "c" for the v3 default encoding, "" for v2-style keys
+    key_separator: str
+    metadata_key: str  # "zarr.json" or ".zarray"
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return tuple(math.ceil(s / c) if c else 0 for s, c in zip(self.shape, self.chunk_shape))
+
+    @property
+    def chunk_nbytes(self) -> int:
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    def chunk_key(self, coords: tuple[int, ...]) -> str:
+        """The store key of the chunk at grid position ``coords``.
+
+        Built from integers only, so it cannot point outside the array's folder.
+        """
+        if not self.key_prefix:  # Zarr v2 keys, or the v3 "v2" chunk key encoding
+            return self.key_separator.join(map(str, coords)) if coords else "0"
+        return self.key_separator.join((self.key_prefix, *map(str, coords)))
+
+
+def _v3_codecs(meta: dict, name: str) -> tuple[CodecSpec, ...]:
+    out = []
+    for i, c in enumerate(meta.get("codecs") or ()):
+        if isinstance(c, str):
+            c = {"name": c}
+        if not isinstance(c, dict) or "name" not in c:
+            raise MetadataError(f"{name}: zarr.json field codecs[{i}] is not a codec object: {c!r}")
+        out.append(CodecSpec(str(c["name"]), dict(c.get("configuration") or {})))
+    return tuple(out)
+
+
+def _v2_codecs(meta: dict, dtype: np.dtype, ndim: int, name: str) -> tuple[CodecSpec, ...]:
+    chain: list[CodecSpec] = []
+    order = meta.get("order", "C")
+    if order == "F" and ndim > 1:
+        chain.append(CodecSpec("transpose", {"order": list(range(ndim))[::-1]}))
+    elif order not in ("C", "F"):
+        raise MetadataError(f"{name}: .zarray field 'order' must be 'C' or 'F', got {order!r}")
+    for i, f in enumerate(meta.get("filters") or ()):
+        if not isinstance(f, dict) or "id" not in f:
+            raise MetadataError(f"{name}: .zarray field filters[{i}] is not a codec object: {f!r}")
+        f = dict(f)
+        chain.append(CodecSpec(str(f.pop("id")), f))
+    endian = {">": "big", "<": "little"}.get(dtype.byteorder, "little")
+    chain.append(CodecSpec("bytes", {"endian": endian}))
+    comp = meta.get("compressor")
+    if comp is not None:
+        if not isinstance(comp, dict) or "id" not in comp:
+            raise MetadataError(f"{name}: .zarray field 'compressor' is not a codec object: {comp!r}")
+        comp = dict(comp)
+        chain.append(CodecSpec(str(comp.pop("id")), comp))
+    return tuple(chain)
+
+
+def _native_dtype(zdtype: Any) -> np.dtype:
+    to_native = getattr(zdtype, "to_native_dtype", None)
+    return np.dtype(to_native() if to_native else zdtype)
+
+
+def _fill_value(raw: Any, dtype: np.dtype) -> Any:
+    if raw is None:  # Zarr v2 without a fill value: zarr-python reads zeros
+        return np.zeros((), dtype=dtype)[()]
+    return np.asarray(raw, dtype=dtype)[()]
+
+
+def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
+    """Build an :class:`ArraySpec` from a zarr-python ``ArrayV2Metadata``/``ArrayV3Metadata``."""
+    meta = metadata.to_dict()
+    fmt = int(meta.get("zarr_format", 3))
+    shape = tuple(int(s) for s in meta["shape"])
+    if fmt == 3:
+        mkey = "zarr.json"
+        grid = meta.get("chunk_grid") or {}
+        if grid.get("name") != "regular":
+            raise MetadataError(f"{name}: zarr.json field chunk_grid: only 'regular' grids are supported, got {grid.get('name')!r}")
+        chunk_shape = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
+        dtype = _native_dtype(metadata.data_type)
+        enc = meta.get("chunk_key_encoding") or {}
+        sep = (enc.get("configuration") or {}).get("separator", "/" if enc.get("name") != "v2" else ".")
+        if enc.get("name") == "default":
+            prefix = "c"
+        elif enc.get("name") == "v2":
+            prefix = ""
+        else:
+            raise MetadataError(f"{name}: zarr.json field chunk_key_encoding: unknown encoding {enc.get('name')!r}")
+        codecs = _v3_codecs(meta, name)
+        if meta.get("storage_transformers"):
+            raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported")
+    elif fmt == 2:
+        mkey = ".zarray"
+        chunk_shape = tuple(int(c) for c in meta["chunks"])
+        dtype = _native_dtype(metadata.dtype)
+        sep = meta.get("dimension_separator") or "."
+        prefix = ""
+        codecs = _v2_codecs(meta, dtype, len(shape), name)
+    else:
+        raise MetadataError(f"{name}: unsupported zarr_format {fmt!r}")
+    if dtype.hasobject or dtype.kind in "OUSV":
+        raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
+    if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):
+        raise MetadataError(f"{name}: {mkey} chunk shape {chunk_shape} does not fit array shape {shape}")
+    return ArraySpec(
+        name=name,
+        shape=shape,
+        chunk_shape=chunk_shape,
+        dtype=dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype,
+        fill_value=_fill_value(metadata.fill_value, dtype.newbyteorder("=")),
+        zarr_format=fmt,
+        codecs=codecs,
+        key_prefix=prefix,
+        key_separator=sep,
+        metadata_key=mkey,
+    )

@@ -1,0 +1,55 @@
+"""Which device a read runs on: ``"cpu"`` or ``"gpu"``, and whether a GPU is usable.
+
+The check imports cupy and nvCOMP only when asked, never at import time, so the
+package imports on machines without CUDA and the scheduler never needs a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+from ..errors import DeviceUnavailableError
+
+DEVICES = ("auto", "gpu", "cpu")
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> tuple[bool, str]:
+    """``(usable, reason)``: whether cupy, nvCOMP and a CUDA device are all there."""
+    for mod, pkg in (("cupy", "cupy-cuda13x"), ("nvidia.nvcomp", "nvidia-nvcomp-cu13")):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return False, f"{mod} is not installed (pip install 'gpuzarr-dist[gpu]' or {pkg})"
+        except (ImportError, ValueError):
+            return False, f"{mod} is not installed (pip install 'gpuzarr-dist[gpu]' or {pkg})"
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # no driver, no device, or a broken CUDA install
+        return False, f"no usable CUDA device ({type(e).__name__}: {e})"
+    if n < 1:
+        return False, "no CUDA device is visible"
+    return True, f"{n} CUDA device(s)"
+
+
+def gpu_available() -> bool:
+    return gpu_status()[0]
+
+
+def resolve_device(device: str) -> str:
+    """Turn ``"auto"``/``"gpu"``/``"cpu"`` into ``"gpu"`` or ``"cpu"``.
+
+    ``"gpu"`` without a usable GPU raises :class:`DeviceUnavailableError` saying why.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "cpu":
+        return "cpu"
+    ok, why = gpu_status()
+    if device == "auto":
+        return "gpu" if ok else "cpu"
+    if not ok:
+        raise DeviceUnavailableError(f"device='gpu' was asked for, but {why}. Use device='cpu' or 'auto'.")
+    return "gpu"

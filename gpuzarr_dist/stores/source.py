@@ -1,0 +1,123 @@
+"""Resolve what a user passes as ``source`` into a chunk store and array metadata.
+
+Accepted: a local path or ``file://`` URL, a remote URL (through zarr-python's
+fsspec store), a ``zarr.Array``, a ``zarr.Group`` or a zarr store (with
+``component`` naming the array inside a group).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+import zarr
+from zarr.abc.store import Store
+
+from .base import ChunkStore
+from .local import LocalChunkStore
+from .zarrstore import ZarrChunkStore
+from ..errors import MetadataError
+from ..metadata import ArraySpec, spec_from_zarr_metadata
+
+_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
+
+
+def _join(*parts: str | None) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _metadata_file(root: str, component: str | None) -> str:
+    folder = os.path.join(root, *(component or "").split("/"))
+    for name in _METADATA_FILES:
+        if os.path.exists(os.path.join(folder, name)):
+            return os.path.join(folder, name)
+    return os.path.join(folder, "zarr.json")
+
+
+def _check_component(component: str | None) -> None:
+    if component and any(p in ("..", ".") for p in component.split("/")):
+        raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
+
+
+def _open_array(opener: Any, name: str, where: str) -> zarr.Array:
+    try:
+        node = opener()
+    except (FileNotFoundError, KeyError) as e:
+        raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
+        if type(e).__name__ in ("NodeNotFoundError", "ArrayNotFoundError", "GroupNotFoundError"):
+            raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {type(e).__name__}: {e}") from e
+    except Exception as e:
+        if "NotFound" in type(e).__name__:
+            raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+        raise
+    if isinstance(node, zarr.Group):
+        arrays = sorted(k for k, _ in node.arrays())
+        raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
+    return node
+
+
+def _from_local(path: str, component: str | None, name: str) -> tuple[ChunkStore, zarr.Array]:
+    if not os.path.exists(path):
+        raise FileNotFoundError(errno.ENOENT, f"No such Zarr store: {path!r}", path)
+    where = _metadata_file(path, component)
+    store = zarr.storage.LocalStore(path, read_only=True)
+    arr = _open_array(lambda: zarr.open(store=store, path=component or "", mode="r"), name, where)
+    return LocalChunkStore(os.path.join(path, *(arr.path or "").split("/")), name), arr
+
+
+def _from_zarr_array(arr: zarr.Array) -> tuple[ChunkStore, zarr.Array]:
+    store = arr.store
+    name = f"{store}/{arr.path}" if arr.path else str(store)
+    if isinstance(store, zarr.storage.LocalStore):
+        root = os.path.join(str(store.root), *(arr.path or "").split("/"))
+        return LocalChunkStore(root, name), arr
+    return ZarrChunkStore(store, arr.path or "", name), arr
+
+
+def open_source(
+    source: Any, component: str | None = None, storage_options: dict | None = None
+) -> tuple[ChunkStore, ArraySpec]:
+    """The :class:`ChunkStore` and :class:`ArraySpec` of the array ``source`` names.
+
+    Raises ``FileNotFoundError`` for a path that does not exist and
+    :class:`~gpuzarr_dist.errors.MetadataError` naming the metadata document for
+    metadata that cannot be read.
+    """
+    _check_component(component)
+    if isinstance(source, os.PathLike):
+        source = os.fspath(source)
+    if isinstance(source, str):
+        url = urlparse(source)
+        if url.scheme in ("", "file") or (len(url.scheme) == 1 and os.name == "nt"):
+            path = url.path if url.scheme == "file" else source
+            path = os.path.abspath(os.path.expanduser(path))
+            cstore, arr = _from_local(path, component, _join(path, component) if component else path)
+        else:
+            name = f"{source.rstrip('/')}/{component}" if component else source
+            opener = lambda: zarr.open(source, path=component or "", mode="r", storage_options=storage_options)  # noqa: E731
+            arr = _open_array(opener, name, name)
+            cstore, arr = _from_zarr_array(arr)
+            cstore.array = name
+    elif isinstance(source, zarr.Array):
+        if component:
+            raise ValueError("component= is only for groups and stores, not for a zarr.Array")
+        cstore, arr = _from_zarr_array(source)
+    elif isinstance(source, zarr.Group):
+        if not component:
+            raise ValueError(f"{source} is a Zarr group; pass component= naming one of its arrays")
+        arr = _open_array(lambda: source[component], f"{source.store}/{_join(source.path, component)}", "the group")
+        cstore, arr = _from_zarr_array(arr)
+    elif isinstance(source, Store):
+        name = f"{source}/{component}" if component else str(source)
+        arr = _open_array(lambda: zarr.open(store=source, path=component or "", mode="r"), name, name)
+        cstore, arr = _from_zarr_array(arr)
+    else:
+        raise TypeError(
+            f"source must be a path, URL, zarr.Array, zarr.Group or zarr store, not {type(source).__name__}"
+        )
+    return cstore, spec_from_zarr_metadata(arr.metadata, cstore.array)

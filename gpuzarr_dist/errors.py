@@ -23,11 +23,11 @@ class MetadataError(GpuZarrError, ValueError):
 class UnsupportedCodecError(MetadataError, NotImplementedError):
     """A codec named in the metadata that no decoder in the registry handles."""
 
-    def __init__(self, codec: str, array: str, known: list[str] | None = None):
+    def __init__(self, codec: str, array: str, known: list[str] | None = None, reason: str | None = None):
         self.codec = codec
         self.array = array
         hint = f" Known codecs: {', '.join(sorted(known))}." if known else ""
-        super().__init__(f"{array}: unknown codec {codec!r}.{hint}")
+        super().__init__(f"{array}: {reason or 'unknown codec'} {codec!r}.{hint}")
 
 
 class ChunkDecodeError(GpuZarrError, ValueError):

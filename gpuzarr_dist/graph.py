@@ -21,6 +21,8 @@ from dask.base import tokenize
 
 from . import config
 from .metadata import ArraySpec
+from .optimize import GPU_LAYER_PREFIX
+from .optimize import install as install_stream_sync
 from .reader import BlockReader
 from .runtime.device import resolve_device
 from .stores.source import open_source
@@ -115,7 +117,10 @@ def from_zarr_gpu(
     reader = BlockReader(store, spec, dev)
     block_chunks = _block_chunks(spec, chunks, dev)
     _warn_if_array_expr()
-    name = "from-zarr-gpu-" + tokenize(store.token(), spec, dev, block_chunks)
+    prefix = GPU_LAYER_PREFIX if dev == "gpu" else "from-zarr-gpu-cpu-"
+    name = prefix + tokenize(store.token(), spec, dev, block_chunks)
+    if dev == "gpu":
+        install_stream_sync()
     return da.from_array(
         reader,
         chunks=block_chunks,

@@ -36,7 +36,7 @@ def get_codec(spec: CodecSpec, array: str) -> Codec:
     cls = _REGISTRY.get(spec.name)
     if cls is None:
         if spec.name == "sharding_indexed":
-            raise UnsupportedCodecError(spec.name, array)
+            raise UnsupportedCodecError(spec.name, array, reason="sharded arrays are not readable yet: codec")
         raise UnsupportedCodecError(spec.name, array, known_codecs())
     try:
         return cls.from_config(dict(spec.configuration))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 
 class ChunkStore(ABC):
@@ -19,6 +20,27 @@ class ChunkStore(ABC):
     @abstractmethod
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The bytes of each chunk key (relative to the array), ``None`` where absent."""
+
+    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256) -> tuple[Any, list[int], list[int]]:
+        """Read chunks into one staging buffer at ``align``-ed offsets.
+
+        ``staging(nbytes)`` returns a writable uint8 buffer of at least
+        ``nbytes`` (pinned host memory on the GPU path). Returns ``(buffer,
+        offsets, sizes)``; a missing chunk has size -1. This generic version
+        reads with :meth:`read_many` and copies; local files override it to
+        read straight into the buffer.
+        """
+        raw = self.read_many(keys)
+        offsets, sizes, total = [], [], 0
+        for b in raw:
+            offsets.append(total)
+            sizes.append(-1 if b is None else len(b))
+            total += 0 if b is None else (len(b) + align - 1) // align * align
+        buf = staging(total)
+        for b, off in zip(raw, offsets):
+            if b is not None:
+                buf[off : off + len(b)] = memoryview(b).cast("B")
+        return buf, offsets, sizes
 
     @abstractmethod
     def token(self) -> str:

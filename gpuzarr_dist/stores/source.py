@@ -8,7 +8,6 @@ fsspec store), a ``zarr.Array``, a ``zarr.Group`` or a zarr store (with
 from __future__ import annotations
 
 import errno
-import json
 import os
 from typing import Any
 from urllib.parse import urlparse
@@ -25,8 +24,9 @@ from ..metadata import ArraySpec, spec_from_zarr_metadata
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
 
-def _join(*parts: str | None) -> str:
-    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+def _join(root: str, *parts: str | None) -> str:
+    """``root`` followed by the non-empty ``parts``, one slash between each."""
+    return "/".join([root.rstrip("/") or "/", *(p.strip("/") for p in parts if p and p.strip("/"))])
 
 
 def _metadata_file(root: str, component: str | None) -> str:
@@ -47,14 +47,12 @@ def _open_array(opener: Any, name: str, where: str) -> zarr.Array:
         node = opener()
     except (FileNotFoundError, KeyError) as e:
         raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, ValueError) as e:
-        if type(e).__name__ in ("NodeNotFoundError", "ArrayNotFoundError", "GroupNotFoundError"):
-            raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
-        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {type(e).__name__}: {e}") from e
-    except Exception as e:
+    except Exception as e:  # zarr-python raises many kinds of error for bad documents
         if "NotFound" in type(e).__name__:
             raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
-        raise
+        if isinstance(e, OSError):
+            raise
+        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {type(e).__name__}: {e}") from e
     if isinstance(node, zarr.Group):
         arrays = sorted(k for k, _ in node.arrays())
         raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
@@ -110,7 +108,7 @@ def open_source(
     elif isinstance(source, zarr.Group):
         if not component:
             raise ValueError(f"{source} is a Zarr group; pass component= naming one of its arrays")
-        arr = _open_array(lambda: source[component], f"{source.store}/{_join(source.path, component)}", "the group")
+        arr = _open_array(lambda: source[component], _join(str(source.store), source.path, component), "the group")
         cstore, arr = _from_zarr_array(arr)
     elif isinstance(source, Store):
         name = f"{source}/{component}" if component else str(source)

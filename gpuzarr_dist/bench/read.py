@@ -1,0 +1,160 @@
+"""``gpuzarr-dist bench read``: the time mean of an ERA5-like array through gpuzarr-dist and,
+in the same run on the same files, through the tools a user would pick instead.
+
+Rows: the raw file-read ceiling (no decode), gpuzarr-dist, zarr-python (numpy),
+zarr-python with ``zarr.config.enable_gpu()`` (GPU only), ``dask.array.from_zarr``
+with threads, and tensorstore when installed; each warm (files in the page
+cache) and cold (files dropped from it first).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .files import chunk_files, drop_page_cache, read_ceiling
+from .report import Row, format_table, save
+
+OURS = "gpuzarr-dist from_zarr_gpu().mean(0)"
+
+
+def _sync(device: str) -> None:
+    if device == "gpu":
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+
+
+def _ours(path: str, device: str, threads: int) -> Callable[[], None]:
+    import dask
+
+    from ..graph import from_zarr_gpu
+
+    def run() -> None:
+        x = from_zarr_gpu(path, device=device)
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            m = x.mean(axis=0).compute()
+        float(m[0, 0])
+        _sync(device)
+
+    return run
+
+
+def _zarr_python(path: str, gpu: bool) -> Callable[[], None]:
+    import zarr
+
+    def run() -> None:
+        a = zarr.open_array(path, mode="r")
+        if gpu:
+            with zarr.config.enable_gpu():
+                v = a[:]
+            float(v.mean(axis=0)[0, 0])
+            _sync("gpu")
+        else:
+            float(a[:].mean(axis=0)[0, 0])
+
+    return run
+
+
+def _dask_from_zarr(path: str, threads: int) -> Callable[[], None]:
+    import dask
+    import dask.array as da
+
+    def run() -> None:
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            float(da.from_zarr(path).mean(axis=0).compute()[0, 0])
+
+    return run
+
+
+def _tensorstore(path: str) -> Callable[[], None] | None:
+    try:
+        import tensorstore as ts
+    except ImportError:
+        return None
+
+    def run() -> None:
+        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, open=True).result()
+        float(t.read().result().mean(axis=0)[0, 0])
+
+    return run
+
+
+def _time(fn: Callable[[], None], repeat: int, files: list[str] | None) -> float:
+    """Median seconds of ``repeat`` runs; with ``files``, each run starts from a cold page cache."""
+    times = []
+    for _ in range(repeat):
+        if files is not None:
+            drop_page_cache(files)
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run(args) -> int:
+    """Entry point of ``gpuzarr-dist bench read``; returns the exit status."""
+    from ..demo import make_era5_like
+    from ..runtime.device import gpu_status, resolve_device
+
+    device = resolve_device(getattr(args, "device", "auto") or "auto")
+    quick = bool(getattr(args, "quick", False))
+    threads = int(getattr(args, "threads", None) or min(16, os.cpu_count() or 1))
+    steps = getattr(args, "time_steps", None) or (8 if quick else (600 if device == "gpu" else 48))
+    repeat = 1 if quick else 3
+    out_dir = getattr(args, "out", None) or "bench-results"
+    tmp = None
+    path = getattr(args, "path", None)
+    if path is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-")
+        path = os.path.join(tmp.name, "era5.zarr")
+    make_era5_like(path, steps)
+    files = chunk_files(path)
+    compressed = sum(os.path.getsize(p) for p in files)
+    nbytes = steps * 721 * 1440 * 4
+    ratio = nbytes / compressed
+    print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), zstd level 0; "
+          f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
+    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}")
+
+    candidates: list[tuple[str, Callable[[], None] | None]] = [
+        (OURS, _ours(path, device, threads)),
+        ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
+        ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
+        (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),
+        ("tensorstore read().mean(0)", _tensorstore(path)),
+    ]
+    rows: list[Row] = []
+    for cache in ("warm", "cold"):
+        cold = files if cache == "cold" else None
+        t_ceiling = min(read_ceiling(files, threads, device)[0] for _ in range(repeat)) if cold is None else None
+        if cold is not None:
+            drop_page_cache(files)
+            t_ceiling = read_ceiling(files, threads, device)[0]
+        rows.append(Row(f"ceiling: {threads}-thread file reads" + (" + copy to GPU" if device == "gpu" else ""),
+                        cache, t_ceiling, nbytes, note=f"{compressed / t_ceiling / 1e9:.2f} GB/s stored bytes, no decode"))
+        for name, fn in candidates:
+            if fn is None:
+                continue
+            if cache == "warm":
+                fn()  # warm-up: imports, CUDA context, nvCOMP handles, page cache
+            rows.append(Row(name, cache, _time(fn, 1 if cold is not None else repeat, cold), nbytes))
+    table = format_table(rows, OURS)
+    print(table)
+    ours = {r.cache: r for r in rows if r.name == OURS}
+    ceil = {r.cache: r for r in rows if r.name.startswith("ceiling")}
+    for cache in ("warm", "cold"):
+        print(f"{cache}: gpuzarr-dist reaches {ours[cache].gbps / ceil[cache].gbps:.0%} of the file-read ceiling")
+    meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
+            "nbytes": nbytes, "host": platform.node(), "quick": quick}
+    written = save(rows, out_dir, "bench-read", f"time mean of float32 ({steps}, 721, 1440), zstd, {device}", meta)
+    print("saved:", ", ".join(written))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0

@@ -1,0 +1,300 @@
+"""The ``gpuzarr-dist`` command line: ``demo``, ``info`` and ``bench``.
+
+This module only parses arguments and prints; the work is done by
+:mod:`gpuzarr_dist.demo`, :mod:`gpuzarr_dist.bench` and the library itself.
+``main`` returns the exit status: 0 on success, 1 when a demo's check fails,
+2 for a usage error or a store that cannot be read (one line on stderr, no
+traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+PROG = "gpuzarr-dist"
+EXIT_USAGE = 2
+
+
+class _CliError(Exception):
+    """An error reported as one line on stderr with exit status 2."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a number of at least 1, got {n}")
+    return n
+
+
+def _version() -> str:
+    from . import __version__
+
+    return f"{PROG} {__version__}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="GPU-batched Zarr reading for dask: a demo, a look at a store, benchmarks.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser(
+        "demo",
+        help="write an ERA5-like Zarr store and compute its time mean",
+        description="Write an ERA5-like float32 Zarr v3 store (time, 721, 1440), one chunk per time step, "
+        "zstd level 0; compute its time mean with gpuzarr-dist; check it and report GB/s.",
+    )
+    demo.add_argument("--path", metavar="DIR", help="where the store goes (kept; reused when complete). "
+                      "Default: a temporary directory, removed at the end")
+    demo.add_argument("--time-steps", metavar="N", type=_positive_int,
+                      help="time steps to write (default: 600 on a GPU, about 2.5 GB; 48 on a CPU)")
+    demo.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                      help="where to decode and compute (default: auto, the GPU when one is usable)")
+    demo.add_argument("--keep", action="store_true", help="keep the temporary store and print where it is")
+    demo.set_defaults(func=_cmd_demo)
+
+    info = sub.add_parser(
+        "info",
+        help="describe a Zarr array or group: shape, chunks, codecs, blocks",
+        description="Describe a Zarr array (or list the arrays of a group): shape, dtype, chunks, the codec "
+        "chain and which codecs decode on the GPU, and the dask blocks chunks='auto' would choose.",
+    )
+    info.add_argument("path", metavar="PATH", help="a local path or URL of a Zarr store")
+    info.add_argument("--component", metavar="NAME", help="the array's path inside a group")
+    info.set_defaults(func=_cmd_info)
+
+    bench = sub.add_parser("bench", help="benchmarks against the tools a user would pick instead",
+                           description="Benchmarks: our figure and the alternatives' on the same data.")
+    bench_sub = bench.add_subparsers(dest="bench", metavar="BENCHMARK")
+    read = bench_sub.add_parser("read", help="read throughput of a whole array (and its time mean)")
+    read.add_argument("--quick", action="store_true", help="a small array and fewer repeats")
+    read.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the ERA5-like array")
+    read.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+    read.add_argument("--out", metavar="DIR", help="folder for the result tables")
+    read.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    bench.set_defaults(func=_cmd_bench, bench_parser=bench)
+    return parser
+
+
+# -- demo -------------------------------------------------------------------------
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    result = run_demo(path=args.path, time_steps=args.time_steps, device=args.device, keep=args.keep)
+    if not result.ok:
+        print(f"{PROG} demo: the result does not match the reference (max relative error "
+              f"{result.max_rel_error:.1e})", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- info -------------------------------------------------------------------------
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def _open_group(path: str, component: str | None) -> Any:
+    """The zarr.Group at ``path``/``component``, or None when it is not a group."""
+    import zarr
+
+    try:
+        node = zarr.open_group(path, path=component or "", mode="r")
+    except Exception:  # an array, a missing path or bad metadata: open_source says which
+        return None
+    return node if isinstance(node, zarr.Group) else None
+
+
+def _print_group(group: Any, where: str) -> None:
+    members = sorted(group.members(max_depth=None), key=lambda kv: kv[0])
+    arrays = [(name, node) for name, node in members if not hasattr(node, "members")]
+    print(f"{where}")
+    print(f"  Zarr group (format {group.metadata.zarr_format}), {len(arrays)} array(s):")
+    width = max((len(n) for n, _ in arrays), default=0)
+    for name, arr in arrays:
+        print(f"    {name:<{width}}  {arr.dtype!s:<8} shape {tuple(arr.shape)}  chunks {tuple(arr.chunks)}")
+    if arrays:
+        print(f"  look at one with: {PROG} info {where} --component {arrays[0][0]}")
+
+
+def _display_name(path: str, component: str | None) -> str:
+    """``path``/``component`` as a user would write it: local paths absolute, URLs as given."""
+    from urllib.parse import urlparse
+
+    url = urlparse(path)
+    if url.scheme in ("", "file"):
+        path = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else path))
+    path = path.rstrip("/") or "/"
+    return f"{path}/{component.strip('/')}" if component else path
+
+
+def _codec_config(c: Any) -> str:
+    if c.name == "sharding_indexed":  # the inner chain matters, not its JSON
+        cfg = c.configuration
+        inner = ", ".join(str(k.get("name", k)) if isinstance(k, dict) else str(k) for k in cfg.get("codecs") or ())
+        return f"inner chunks {tuple(cfg.get('chunk_shape') or ())}, codecs: {inner}"
+    return json.dumps(c.configuration, sort_keys=True, default=str) if c.configuration else "{}"
+
+
+def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
+    """One row per codec (name, configuration, kind, GPU decode) and notes on unsupported ones."""
+    from .codecs import get_codec
+    from .errors import GpuZarrError
+
+    rows, notes = [], []
+    for c in spec.codecs:
+        config = _codec_config(c)
+        try:
+            codec = get_codec(c, spec.name)
+        except GpuZarrError as e:
+            kind = "array->bytes" if c.name == "sharding_indexed" else "?"
+            rows.append((c.name, config, kind, "not readable by gpuzarr-dist yet"))
+            notes.append(str(e))
+            continue
+        kind = codec.kind.replace("_", "->")
+        gpu = "GPU decode: yes" if codec.gpu_decode else "GPU decode: no (decoded on the CPU)"
+        rows.append((c.name, config, kind, gpu))
+    return rows, notes
+
+
+def _print_array(spec: Any, stored: int | None, name: str) -> None:
+    from . import config
+    from .graph import auto_block_shape
+    from .runtime.device import gpu_status
+
+    chunks = math.prod(spec.grid_shape)
+    nbytes = math.prod(spec.shape) * spec.dtype.itemsize
+    print(name)
+    print(f"  zarr format  {spec.zarr_format}")
+    print(f"  shape        {spec.shape}")
+    print(f"  dtype        {spec.dtype}")
+    print(f"  chunk shape  {spec.chunk_shape}  ({_size(spec.chunk_nbytes)} per chunk)")
+    print(f"  chunks       {chunks}  (grid {' x '.join(map(str, spec.grid_shape)) or '1'})")
+    size = f"{_size(nbytes)} decompressed"
+    if stored is not None:
+        size += f", {_size(stored)} stored (ratio {nbytes / stored:.2f})" if stored else ", nothing stored yet"
+    print(f"  size         {size}")
+    fill = spec.fill_value.item() if hasattr(spec.fill_value, "item") else spec.fill_value
+    print(f"  fill value   {fill!r}")
+    note = " (Zarr v2 filters/compressor in the v3 form)" if spec.zarr_format == 2 else ""
+    print(f"  codecs       {len(spec.codecs)}, encode order{note}:")
+    rows, notes = _codec_rows(spec)
+    w0 = max((len(r[0]) for r in rows), default=0)
+    w1 = max((len(r[1]) for r in rows), default=0)
+    w2 = max((len(r[2]) for r in rows), default=0)
+    for name, cfg, kind, gpu in rows:
+        print(f"    {name:<{w0}}  {cfg:<{w1}}  {kind:<{w2}}  {gpu}")
+    for note in notes:
+        print(f"    note: {note}")
+    print("  auto blocks  (chunks='auto': whole chunks, about gpuzarr.block-size bytes)")
+    for dev in ("cpu", "gpu"):
+        target = config.block_size_bytes(dev)
+        block = auto_block_shape(spec, target)
+        nblocks = math.prod(math.ceil(s / b) if b else 1 for s, b in zip(spec.shape, block))
+        per = math.prod(block) * spec.dtype.itemsize
+        print(f"    {dev}  {block}  {_size(per)} per block, {nblocks} block(s)  (target {_size(target)})")
+    ok, why = gpu_status()
+    print(f"  device       {'gpu' if ok else 'cpu'} ({why if ok else 'no usable GPU: ' + why})")
+
+
+def _stored_bytes(store: Any, spec: Any, limit: int = 100_000) -> int | None:
+    """Bytes of a local array's chunk files, or None for remote stores and huge arrays."""
+    root = getattr(store, "root", None)
+    if not root or not os.path.isdir(root) or math.prod(spec.grid_shape) > limit:
+        return None
+    total = 0
+    for d, _, files in os.walk(root):
+        for f in files:
+            if f not in ("zarr.json", ".zarray", ".zattrs", ".zgroup"):
+                total += os.path.getsize(os.path.join(d, f))
+    return total
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .errors import GpuZarrError
+    from .stores.source import open_source
+
+    source = args.path
+    name = _display_name(source, args.component)
+    try:
+        group = _open_group(source, args.component)
+        if group is not None:
+            where = source.rstrip("/") + (f"/{args.component}" if args.component else "")
+            _print_group(group, where)
+            return 0
+        store, spec = open_source(source, args.component)
+        _print_array(spec, _stored_bytes(store, spec), name)
+    except FileNotFoundError as e:
+        raise _CliError(f"no Zarr array or group at {name}") from e
+    except (GpuZarrError, ValueError, OSError) as e:
+        raise _CliError(str(e)) from e
+    return 0
+
+
+# -- bench ------------------------------------------------------------------------
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    try:
+        bench = importlib.import_module("gpuzarr_dist.bench")
+    except ImportError as e:
+        if getattr(e, "name", None) != "gpuzarr_dist.bench":
+            print(f"benchmarks: gpuzarr_dist.bench could not be imported: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        bench = None
+    bench_main = getattr(bench, "main", None)
+    if bench_main is None:
+        print("benchmarks: not available in this build", file=sys.stderr)
+        return EXIT_USAGE
+    if not getattr(args, "bench", None):
+        args.bench_parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    code = bench_main(args)
+    return int(code) if isinstance(code, int) else 0
+
+
+# -- entry point ------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    from .errors import GpuZarrError
+
+    try:
+        return args.func(args)
+    except _CliError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+    except (GpuZarrError, FileExistsError, OSError) as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{PROG} {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

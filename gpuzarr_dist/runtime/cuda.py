@@ -1,0 +1,64 @@
+"""Per-thread CUDA resources: a stream and a pinned staging buffer for each worker thread.
+
+Each thread that reads on the GPU gets, on first use, its own non-blocking
+CuPy stream, made the thread's current stream so that the user's fused
+kernels run on it too, and kept for the thread's life (so no work is ever
+left on a destroyed stream). Large temporaries come from CuPy's memory pools
+(device and pinned), not fresh allocations per chunk.
+
+Only imported on the GPU path: importing it imports cupy.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cupy
+import numpy as np
+
+_local = threading.local()
+_keep: list = []  # streams live as long as the process: never destroyed under pending work
+_keep_lock = threading.Lock()
+
+ALIGN = 256  # nvCOMP needs aligned sub-buffers; 256 bytes matches cudaMalloc's alignment
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def thread_stream() -> cupy.cuda.Stream:
+    """This thread's CUDA stream, created once and made current for CuPy in this thread."""
+    s = getattr(_local, "stream", None)
+    if s is None:
+        s = cupy.cuda.Stream(non_blocking=True)
+        _local.stream = s
+        with _keep_lock:
+            _keep.append(s)
+    if cupy.cuda.get_current_stream() is not s:
+        s.use()
+    return s
+
+
+def pinned_staging(nbytes: int) -> np.ndarray:
+    """This thread's pinned host staging buffer as a uint8 array of at least ``nbytes``.
+
+    It grows (to the next power of two) when a larger block comes and is reused
+    otherwise. The caller must synchronise its stream before the next call
+    overwrites the buffer.
+    """
+    buf = getattr(_local, "pinned", None)
+    if buf is None or buf.nbytes < nbytes:
+        size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
+        mem = cupy.cuda.alloc_pinned_memory(size)
+        buf = np.frombuffer(mem, dtype=np.uint8, count=size)
+        _local.pinned = buf
+        _local.pinned_mem = mem
+    return buf[:nbytes]
+
+
+def sync_thread_stream() -> None:
+    """Wait for all work on this thread's stream (a no-op on threads without one)."""
+    s = getattr(_local, "stream", None)
+    if s is not None:
+        s.synchronize()

@@ -1,0 +1,176 @@
+"""The ``gpuzarr-dist`` command line, run in-process through ``gpuzarr_dist.cli.main``.
+
+``info`` is compared with what zarr-python reports about the same array; the
+demo and the example script run end to end on the CPU device with a few time
+steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs as zc
+
+import gpuzarr_dist
+from gpuzarr_dist.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_version_subprocess():
+    r = subprocess.run([sys.executable, "-m", "gpuzarr_dist", "--version"], capture_output=True, text=True,
+                       env=_env(), cwd=ROOT, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"gpuzarr-dist {gpuzarr_dist.__version__}"
+
+
+def test_no_command_prints_help(capsys):
+    code, out, err = run_cli(capsys)
+    assert code == 2
+    assert "demo" in err and "info" in err and "bench" in err
+
+
+def test_info_v3_array_matches_zarr_python(tmp_path, capsys):
+    path = str(tmp_path / "a.zarr")
+    a = zarr.create_array(path, shape=(10, 21), chunks=(4, 8), dtype=">f8",
+                          filters=[zc.TransposeCodec(order=(1, 0))],
+                          compressors=[zc.ZstdCodec(level=3), zc.Crc32cCodec()])
+    a[...] = np.arange(210.0).reshape(10, 21)
+    code, out, err = run_cli(capsys, "info", path)
+    assert code == 0, err
+    ref = zarr.open_array(path, mode="r")
+    assert f"shape        {tuple(ref.shape)}" in out
+    assert f"dtype        {ref.dtype.newbyteorder('=')}" in out
+    assert f"chunk shape  {tuple(ref.chunks)}" in out
+    assert f"chunks       {ref.nchunks}" in out
+    assert "zarr format  3" in out
+    # every codec of zarr-python's metadata, in order, with its configuration
+    names = [c.to_dict()["name"] for c in ref.metadata.codecs]
+    assert names == ["transpose", "bytes", "zstd", "crc32c"]
+    rows = [line.split()[0] for line in out.splitlines() if "GPU decode" in line]
+    assert rows == names
+    for codec in ref.metadata.codecs:
+        conf = codec.to_dict().get("configuration") or {}
+        assert json.dumps(conf, sort_keys=True) in out, (conf, out)
+    assert '"level": 3' in out and '"order": [1, 0]' in out
+    assert "auto blocks" in out and re.search(r"^\s+cpu\s+\(10, 21\)", out, re.M)
+    assert re.search(r"^  device\s+(cpu|gpu) \(", out, re.M)
+
+
+def test_info_v2_array(tmp_path, capsys):
+    path = str(tmp_path / "v2.zarr")
+    a = zarr.create_array(path, shape=(100,), chunks=(30,), dtype="<u4", zarr_format=2,
+                          filters=[numcodecs.Delta(dtype="<u4")], compressors=numcodecs.Blosc(cname="lz4"))
+    a[...] = np.arange(100, dtype="u4")
+    code, out, err = run_cli(capsys, "info", path)
+    assert code == 0, err
+    ref = zarr.open_array(path, mode="r")
+    assert "zarr format  2" in out
+    assert f"shape        {tuple(ref.shape)}" in out and "dtype        uint32" in out
+    assert f"chunks       {ref.nchunks}" in out
+    rows = [line.split()[0] for line in out.splitlines() if "GPU decode" in line]
+    assert rows == ["delta", "bytes", "blosc"]
+    assert '"cname": "lz4"' in out
+
+
+def test_info_group_lists_arrays(tmp_path, capsys):
+    path = str(tmp_path / "g.zarr")
+    g = zarr.open_group(path, mode="w")
+    g.create_array("t2m", shape=(3, 4), chunks=(1, 4), dtype="f4")
+    g.create_array("sub/u10", shape=(5,), chunks=(5,), dtype="i2")
+    code, out, err = run_cli(capsys, "info", path)
+    assert code == 0, err
+    assert "2 array(s)" in out and "t2m" in out and "sub/u10" in out
+    code, out, err = run_cli(capsys, "info", path, "--component", "sub/u10")
+    assert code == 0, err
+    assert "shape        (5,)" in out and "dtype        int16" in out
+    assert out.splitlines()[0] == os.path.join(path, "sub", "u10")
+
+
+def test_info_missing_path_exits_2(tmp_path, capsys):
+    path = str(tmp_path / "nowhere.zarr")
+    code, out, err = run_cli(capsys, "info", path)
+    assert code == 2
+    assert path in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_info_bad_metadata_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.zarr"
+    path.mkdir()
+    (path / "zarr.json").write_text("{not json")
+    code, out, err = run_cli(capsys, "info", str(path))
+    assert code == 2
+    assert "zarr.json" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_demo_cpu_small(tmp_path, capsys):
+    path = str(tmp_path / "era5.zarr")
+    code, out, err = run_cli(capsys, "demo", "--time-steps", "3", "--device", "cpu", "--path", path)
+    assert code == 0, out + err
+    assert re.search(r"throughput\s+[0-9.]+ GB/s", out), out
+    assert re.search(r"device\s+cpu \(", out)
+    assert "matches" in out and "global mean" in out
+    ref = zarr.open_array(path, mode="r")  # the store is a plain Zarr v3 array zarr-python reads
+    assert ref.shape == (3, 721, 1440) and ref.dtype == np.float32 and ref.chunks == (1, 721, 1440)
+    assert [c.to_dict()["name"] for c in ref.metadata.codecs] == ["bytes", "zstd"]
+    # a second run reuses the complete store and gets the same answer
+    code, out2, err = run_cli(capsys, "demo", "--device", "cpu", "--path", path)
+    assert code == 0, out2 + err
+    assert "reused, 3 time steps" in out2 and "matches" in out2
+
+
+def test_demo_refuses_foreign_directory(tmp_path, capsys):
+    (tmp_path / "precious.txt").write_text("keep me")
+    code, out, err = run_cli(capsys, "demo", "--time-steps", "1", "--device", "cpu", "--path", str(tmp_path))
+    assert code == 2
+    assert "refusing" in err
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_reference_mean_matches_zarr_python(tmp_path):
+    from gpuzarr_dist.demo import make_era5_like
+
+    store = make_era5_like(str(tmp_path / "e.zarr"), 2, component="t2m")
+    data = zarr.open_array(store.path, path="t2m", mode="r")[...]
+    np.testing.assert_allclose(store.reference_mean(), data.astype(np.float64).mean(axis=0), rtol=1e-12)
+    # reused: the reference is generated again, not read back
+    again = make_era5_like(store.path, 2, component="t2m")
+    assert again.reused
+    np.testing.assert_allclose(again.reference_mean(), store.reference_mean(), rtol=0, atol=0)
+
+
+def test_example_script_runs():
+    script = os.path.join(ROOT, "examples", "era5_time_mean.py")
+    r = subprocess.run([sys.executable, script, "--device", "cpu", "--time-steps", "2"], capture_output=True,
+                       text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "global mean 2 m temperature" in r.stdout and " K" in r.stdout
+
+
+@pytest.mark.parametrize("argv", [["demo", "--time-steps", "0"], ["demo", "--device", "tpu"], ["info"]])
+def test_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2

@@ -75,7 +75,7 @@ class BlockReader:
         box, rest = split_fancy(index, self.spec.shape)
         plan = plan_selection(self.spec, box)
         if self.device == "gpu":
-            from .gpu.read import read_plan_gpu
+            from .reader_gpu import read_plan_gpu
 
             out = read_plan_gpu(self, plan)
         else:
@@ -84,9 +84,10 @@ class BlockReader:
         return out if rest is None else out[rest]
 
     # -- CPU device ---------------------------------------------------------------
-    def _read_plan_cpu(self, plan: Plan) -> np.ndarray:
+    def _read_plan_cpu(self, plan: Plan, out: np.ndarray | None = None) -> np.ndarray:
         spec = self.spec
-        out = np.empty(plan.out_shape, dtype=spec.dtype)
+        if out is None:
+            out = np.empty(plan.out_shape, dtype=spec.dtype)
         if not plan.parts:
             return out
         keys = [spec.chunk_key(p.coords) for p in plan.parts]

@@ -54,6 +54,16 @@ class Blosc(_Numcodecs):
     name = "blosc"
     numcodecs_cls = numcodecs.Blosc
 
+    def decode(self, data: Any) -> Any:
+        # c-blosc trusts the header and reads past a truncated buffer: check its length first
+        view = memoryview(data).cast("B")
+        if len(view) < 16:
+            raise ValueError(f"blosc frame of {len(view)} bytes is shorter than its 16-byte header")
+        cbytes = int.from_bytes(view[12:16], "little")  # Blosc1 header: nbytes @4, blocksize @8, cbytes @12
+        if cbytes != len(view):
+            raise ValueError(f"blosc header states {cbytes} compressed bytes, the chunk holds {len(view)}")
+        return self._codec.decode(view)
+
 
 class Crc32c(BytesBytesCodec):
     """Zarr v3 ``crc32c``: the data followed by its CRC32C as 4 little-endian bytes."""

@@ -17,6 +17,7 @@ Only imported on the GPU path: importing it imports cupy and nvCOMP.
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -44,46 +45,178 @@ _local = threading.local()
 
 
 def gpu_unsupported(pipeline: CodecPipeline) -> str | None:
-    """The name of the first codec in the chain without a GPU decoder, or ``None``.
+    """The name of the first codec in the chain the GPU path cannot decode, or ``None``.
 
-    crc32c decodes on the GPU path only as the outermost codec (checked on the
-    host, on the stored bytes, before upload).
+    The GPU path decodes: crc32c as the outermost codec(s) (checked on the
+    host, on the stored bytes, before upload), at most one compressor with an
+    nvCOMP decoder, then the array codecs on the device.
     """
     for c in pipeline.codecs:
         if not c.gpu_decode:
             return c.name
-    bb = pipeline.bytes_bytes
-    for i, c in enumerate(bb):
-        if c.name == "crc32c" and any(d.name != "crc32c" for d in bb[i + 1 :]):
-            return "crc32c (inside another bytes codec)"
+    inner = _strip_outer_crc(pipeline.bytes_bytes)
+    if any(c.name == "crc32c" for c in inner):
+        return "crc32c (inside a compressor)"
+    if len(inner) > 1:
+        return f"{inner[0].name} (more than one compressor)"
     return None
 
 
-def _nvcomp_codec(algorithm: str) -> Any:
-    """This thread's nvCOMP codec for ``algorithm``, created once per thread."""
+def framing_lead(pipeline: CodecPipeline) -> int:
+    """Bytes of framing before the compressed payload of a stored chunk (aligns the payload)."""
+    inner = _strip_outer_crc(pipeline.bytes_bytes)
+    return NVCOMP_FRAMING[inner[0].name][1] if inner else 0
+
+
+def _strip_outer_crc(bytes_bytes: Sequence[Any]) -> list[Any]:
+    bb = list(bytes_bytes)
+    while bb and bb[-1].name == "crc32c":
+        bb.pop()
+    return bb
+
+
+def _nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> Any:
+    """This thread's nvCOMP codec for ``algorithm``, bound to this thread's stream.
+
+    Created in the thread that uses it (measured: a codec created in another
+    thread ran 5x slower). The stream outlives it: streams are kept for the
+    life of the process (:mod:`gpuzarr_dist.runtime.cuda`); a stream destroyed
+    before its codec is what crashed the process in the shared notes.
+    """
     from nvidia import nvcomp
 
     codecs = getattr(_local, "codecs", None)
     if codecs is None:
         codecs = _local.codecs = {}
-    codec = codecs.get(algorithm)
+    key = (algorithm, stream.ptr)
+    codec = codecs.get(key)
     if codec is None:
-        codec = codecs[algorithm] = nvcomp.Codec(algorithm=algorithm, bitstream_kind=nvcomp.BitstreamKind.RAW)
+        codec = codecs[key] = nvcomp.Codec(
+            algorithm=algorithm,
+            bitstream_kind=nvcomp.BitstreamKind.RAW,
+            device_id=cupy.cuda.Device().id,
+            cuda_stream=stream.ptr,
+        )
     return codec
 
 
-def nvcomp_decode(
-    algorithm: str, src: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int], stream: cupy.cuda.Stream
-) -> list[cupy.ndarray]:
-    """Decode the compressed chunks ``src[offsets[i]:offsets[i]+sizes[i]]`` in one nvCOMP call.
+def _cpu_diagnose(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                  keys: Sequence[str], reason: str, codec: str) -> ChunkDecodeError:
+    """Find the chunk the GPU could not decode by decoding the batch on the CPU; name it."""
+    for off, n, key in zip(offsets, sizes, keys):
+        try:
+            pipeline.decode_chunk(bytes(host[off : off + n]), key)
+        except ChunkDecodeError as e:
+            return e
+    return ChunkDecodeError(pipeline.array, keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}", reason, codec)
 
-    Returns one uint8 device array per chunk, ready to use on ``stream``.
+
+def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
+                   keys: Sequence[str]) -> None:
+    """Check and strip the outer crc32c checksums on the host, in place of ``sizes``."""
+    from .compressors import Crc32c
+
+    n_crc = len(pipeline.bytes_bytes) - len(_strip_outer_crc(pipeline.bytes_bytes))
+    check = Crc32c()
+    for i, (off, key) in enumerate(zip(offsets, keys)):
+        for _ in range(n_crc):
+            try:
+                check.decode(host[off : off + sizes[i]])
+            except ValueError as e:
+                raise ChunkDecodeError(pipeline.array, key, str(e), "crc32c") from None
+            sizes[i] -= 4
+
+
+def decode_batch_gpu(
+    pipeline: CodecPipeline,
+    host: np.ndarray,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    keys: Sequence[str],
+    stream: cupy.cuda.Stream,
+) -> cupy.ndarray:
+    """Decode stored chunks (in pinned ``host`` at ``offsets``) into a device array ``(n, *chunk_shape)``.
+
+    One host-to-device copy, one nvCOMP call for all chunks, array codecs as
+    CuPy kernels; everything on ``stream``. Returns once the decoded sizes are
+    known and checked (the decode itself may still be finishing on ``stream``,
+    which every later use of the result is ordered after).
     """
     from nvidia import nvcomp
 
-    codec = _nvcomp_codec(algorithm)
-    inputs = nvcomp.as_arrays([src[o : o + n] for o, n in zip(offsets, sizes)])
-    # nvCOMP runs on its own stream: the inputs must be on the device before it starts
-    stream.synchronize()
-    decoded = codec.decode(inputs, data_type="|u1")
-    return [cupy.asarray(decoded[i]).view(cupy.uint8).reshape(-1) for i in range(len(sizes))]
+    from ..runtime.cuda import align
+
+    n = len(keys)
+    sizes = list(sizes)
+    _verify_crc32c(pipeline, host, offsets, sizes, keys)
+    layout = pipeline.layouts[-1]
+    expected = layout.nbytes
+    stride = align(max(expected, 1))
+    total = max(o + s for o, s in zip(offsets, sizes))
+    dev = cupy.empty(total, dtype=cupy.uint8)
+    dev.set(host[:total], stream=stream)
+    inner = _strip_outer_crc(pipeline.bytes_bytes)
+    if inner:
+        codec = inner[0]
+        algorithm, head, tail = NVCOMP_FRAMING[codec.name]
+        in_offs = [o + head for o in offsets]
+        in_sizes = [s - head - tail for s in sizes]
+        if min(in_sizes) <= 0:
+            i = int(np.argmin(in_sizes))
+            raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
+        if codec.name == "lz4":  # the numcodecs header states the decoded size: check it before launching
+            for i, o in enumerate(offsets):
+                stated = int.from_bytes(bytes(host[o : o + 4]), "little")
+                if stated != expected:
+                    raise ChunkDecodeError(pipeline.array, keys[i], f"lz4 header states {stated} decoded bytes, expected {expected}", "lz4")
+        out = cupy.empty(n * stride, dtype=cupy.uint8)
+        try:
+            res = _nvcomp_codec(algorithm, stream).decode(
+                nvcomp.as_arrays(dev, in_offs, in_sizes),
+                out=nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n),
+            )
+            actual = list(res.buffer_sizes)  # waits for the decode
+        except (RuntimeError, ValueError, MemoryError) as e:
+            raise _cpu_diagnose(pipeline, host, offsets, sizes, keys, f"nvCOMP: {e}", codec.name) from e
+        bad = [i for i, a in enumerate(actual) if a != expected]
+        if bad:
+            err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [sizes[i] for i in bad],
+                                [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
+            raise err
+        base = out
+    else:
+        bad = [i for i, s in enumerate(sizes) if s != expected]
+        if bad:
+            raise ChunkDecodeError(pipeline.array, keys[bad[0]], f"stored {sizes[bad[0]]} bytes, expected {expected}", "bytes")
+        base, stride = dev, None
+    return _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
+
+
+def _array_stage(pipeline: CodecPipeline, buf: cupy.ndarray, starts: Sequence[int], n: int) -> cupy.ndarray:
+    """View decoded bytes as ``(n, *layout)`` arrays and undo the array codecs, on the device."""
+    layout = pipeline.layouts[-1]
+    item = layout.dtype.itemsize
+    c_strides = tuple(int(np.prod(layout.shape[k + 1 :], dtype=np.int64)) * item for k in range(len(layout.shape)))
+    steps = {b - a for a, b in zip(starts, starts[1:])}
+    if len(steps) <= 1:  # evenly spaced: one strided view over all chunks
+        step = steps.pop() if steps else layout.nbytes
+        raw = cupy.ndarray((n, layout.nbytes), dtype=cupy.uint8, memptr=buf.data + starts[0], strides=(step, 1))
+    else:
+        raw = cupy.stack([buf[s : s + layout.nbytes] for s in starts])
+    endian = getattr(pipeline.array_bytes, "endian", sys.byteorder)
+    if item > 1 and endian != sys.byteorder:  # swap bytes on the device
+        raw = cupy.ascontiguousarray(raw.reshape(n, -1, item)[:, :, ::-1]).reshape(n, -1)
+    if raw.flags.c_contiguous:
+        arr = raw.view(layout.dtype).reshape((n, *layout.shape))
+    else:
+        arr = cupy.ndarray((n, *layout.shape), dtype=layout.dtype, memptr=raw.data, strides=(raw.strides[0], *c_strides))
+    for codec, lay in zip(reversed(pipeline.array_array), reversed(pipeline.layouts[:-1])):
+        if codec.name == "transpose":
+            inv = np.argsort(codec.order)
+            arr = arr.transpose(0, *(1 + inv))
+        elif codec.name == "delta":
+            flat = cupy.ascontiguousarray(arr).reshape(n, -1)
+            arr = cupy.cumsum(flat, axis=1, dtype=lay.dtype).reshape((n, *lay.shape))
+        else:  # gpu_unsupported() keeps other codecs off this path
+            raise NotImplementedError(codec.name)
+    return arr

@@ -62,3 +62,10 @@ def sync_thread_stream() -> None:
     s = getattr(_local, "stream", None)
     if s is not None:
         s.synchronize()
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A numpy array in this thread's pinned staging buffer (reused by the next block on this thread)."""
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return pinned_staging(n).view(dtype).reshape(shape)

@@ -7,6 +7,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[list[int], int]:
+    """Offsets for chunks of ``sizes`` (-1: missing) in one buffer, each ``offset + lead`` aligned; and the total."""
+    pad = (-lead) % align
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total + pad)
+        total += 0 if n < 0 else (pad + n + align - 1) // align * align
+    return offsets, total
+
+
 class ChunkStore(ABC):
     """Reads the stored bytes of many chunks of one array at once.
 
@@ -21,21 +31,20 @@ class ChunkStore(ABC):
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The bytes of each chunk key (relative to the array), ``None`` where absent."""
 
-    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read chunks into one staging buffer at ``align``-ed offsets.
 
         ``staging(nbytes)`` returns a writable uint8 buffer of at least
-        ``nbytes`` (pinned host memory on the GPU path). Returns ``(buffer,
-        offsets, sizes)``; a missing chunk has size -1. This generic version
-        reads with :meth:`read_many` and copies; local files override it to
-        read straight into the buffer.
+        ``nbytes`` (pinned host memory on the GPU path). Chunk ``i`` lands at
+        ``offsets[i]``, chosen so that ``offsets[i] + lead`` is a multiple of
+        ``align`` (``lead`` skips a codec's framing header). Returns
+        ``(buffer, offsets, sizes)``; a missing chunk has size -1. This
+        generic version reads with :meth:`read_many` and copies; local files
+        override it to read straight into the buffer.
         """
         raw = self.read_many(keys)
-        offsets, sizes, total = [], [], 0
-        for b in raw:
-            offsets.append(total)
-            sizes.append(-1 if b is None else len(b))
-            total += 0 if b is None else (len(b) + align - 1) // align * align
+        sizes = [-1 if b is None else len(b) for b in raw]
+        offsets, total = staging_layout(sizes, align, lead)
         buf = staging(total)
         for b, off in zip(raw, offsets):
             if b is not None:

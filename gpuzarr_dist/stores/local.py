@@ -6,7 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import ChunkStore
+from .base import ChunkStore, staging_layout
 from ..errors import ChunkReadError
 from ..runtime.threads import io_pool
 
@@ -35,7 +35,7 @@ class LocalChunkStore(ChunkStore):
             return [self._read(k) for k in keys]
         return list(io_pool().map(self._read, keys))
 
-    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read the chunk files straight into one staging buffer (no intermediate bytes objects).
 
         Opens and sizes every file first, then reads them in parallel with
@@ -55,10 +55,7 @@ class LocalChunkStore(ChunkStore):
                     raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
                 fds.append(fd)
                 sizes.append(os.fstat(fd).st_size)
-            offsets, total = [], 0
-            for n in sizes:
-                offsets.append(total)
-                total += 0 if n < 0 else (n + align - 1) // align * align
+            offsets, total = staging_layout(sizes, align, lead)
             buf = staging(total)
             view = memoryview(buf).cast("B")
 

@@ -8,6 +8,7 @@ fsspec store), a ``zarr.Array``, a ``zarr.Group`` or a zarr store (with
 from __future__ import annotations
 
 import errno
+import re
 import os
 from typing import Any
 from urllib.parse import urlparse
@@ -18,7 +19,8 @@ from zarr.abc.store import Store
 from .base import ChunkStore
 from .local import LocalChunkStore
 from .zarrstore import ZarrChunkStore
-from ..errors import MetadataError
+from ..codecs.registry import known_codecs
+from ..errors import MetadataError, UnsupportedCodecError
 from ..metadata import ArraySpec, spec_from_zarr_metadata
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
@@ -37,22 +39,32 @@ def _metadata_file(root: str, component: str | None) -> str:
     return os.path.join(folder, "zarr.json")
 
 
+def _quoted(message: str) -> str:
+    """The first quoted word of an error message (zarr names an unknown codec that way)."""
+    m = re.search(r"'+([^']+)'+", message)
+    return m.group(1) if m else message
+
+
 def _check_component(component: str | None) -> None:
     if component and any(p in ("..", ".") for p in component.split("/")):
         raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
 
 
-def _open_array(opener: Any, name: str, where: str) -> zarr.Array:
+def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] = (FileNotFoundError,)) -> zarr.Array:
     try:
         node = opener()
-    except (FileNotFoundError, KeyError) as e:
+    except not_found as e:
         raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
     except Exception as e:  # zarr-python raises many kinds of error for bad documents
-        if "NotFound" in type(e).__name__:
+        kind = type(e).__name__
+        if "NotFound" in kind:
             raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+        if kind == "UnknownCodecError":
+            codec = getattr(e, "codec_id", None) or _quoted(str(e))
+            raise UnsupportedCodecError(codec, name, known_codecs()) from e
         if isinstance(e, OSError):
             raise
-        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {type(e).__name__}: {e}") from e
+        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {kind}: {e}") from e
     if isinstance(node, zarr.Group):
         arrays = sorted(k for k, _ in node.arrays())
         raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
@@ -107,8 +119,12 @@ def open_source(
         cstore, arr = _from_zarr_array(source)
     elif isinstance(source, zarr.Group):
         if not component:
-            raise ValueError(f"{source} is a Zarr group; pass component= naming one of its arrays")
-        arr = _open_array(lambda: source[component], _join(str(source.store), source.path, component), "the group")
+            arrays = sorted(k for k, _ in source.arrays())
+            raise ValueError(f"{source} is a Zarr group; pass component= naming one of its arrays: {arrays}")
+        arr = _open_array(
+            lambda: source[component], _join(str(source.store), source.path, component), "the group",
+            not_found=(KeyError, FileNotFoundError),
+        )
         cstore, arr = _from_zarr_array(arr)
     elif isinstance(source, Store):
         name = f"{source}/{component}" if component else str(source)

@@ -1,0 +1,77 @@
+"""The GPU device's block read: stored bytes -> pinned staging -> one copy up -> one batched decode -> block.
+
+Called by :class:`gpuzarr_dist.reader.BlockReader` for ``device="gpu"``. Work
+runs on the calling thread's own CUDA stream, which is synchronised before the
+block is returned (so the pinned staging buffer can be reused and the block
+is complete for whichever thread uses it next). A chain the GPU cannot decode
+(see :func:`gpuzarr_dist.codecs.gpu.gpu_unsupported`) is decoded on the CPU
+into pinned memory and copied up once per block, with one warning per codec.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from typing import TYPE_CHECKING
+
+import cupy
+import numpy as np
+
+from .assemble import Plan
+from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
+from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
+
+if TYPE_CHECKING:
+    from .reader import BlockReader
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_cpu_fallback(codec: str, array: str) -> None:
+    with _warned_lock:
+        if codec in _warned:
+            return
+        _warned.add(codec)
+    warnings.warn(
+        f"{array}: codec {codec!r} has no GPU decoder; its chunks are decoded on the CPU and "
+        "copied to the GPU once per block (warned once per codec)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
+    """Read the chunks of ``plan`` into a new device array of ``plan.out_shape``."""
+    spec, pipeline = reader.spec, reader.pipeline
+    stream = thread_stream()
+    out = cupy.empty(plan.out_shape, dtype=spec.dtype)
+    if not plan.parts:
+        return out
+    unsupported = gpu_unsupported(pipeline)
+    if unsupported is not None:
+        _warn_cpu_fallback(unsupported, spec.name)
+        host = reader._read_plan_cpu(plan, out=pinned_empty(plan.out_shape, spec.dtype))
+        out.set(host, stream=stream)
+        stream.synchronize()
+        return out
+    keys = [spec.chunk_key(p.coords) for p in plan.parts]
+    host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
+    present = [i for i, n in enumerate(sizes) if n >= 0]
+    for i, n in enumerate(sizes):
+        if n < 0:
+            out[plan.parts[i].out_sel] = spec.fill_value
+    if present:
+        chunks = decode_batch_gpu(
+            pipeline,
+            host,
+            [offsets[i] for i in present],
+            [sizes[i] for i in present],
+            [keys[i] for i in present],
+            stream,
+        )
+        for j, i in enumerate(present):
+            part = plan.parts[i]
+            out[part.out_sel] = chunks[j][part.chunk_sel]
+    stream.synchronize()
+    return out

@@ -119,3 +119,20 @@ def test_array_and_reader_pickle(graph_array):
     x2 = pickle.loads(pickle.dumps(x))
     assert_same(compute_checked(x2), expected)
     assert_same(compute_checked(x2[5:19, 3]), expected[5:19, 3])
+
+
+def test_gpu_graph_optimisation_adds_only_a_stream_sync():
+    """Graphs that read GPU arrays get each task wrapped in a stream sync; results and task count unchanged."""
+    import dask.array as da
+
+    from gpuzarr_dist.optimize import GPU_LAYER_PREFIX, _then_sync, optimize
+
+    data = np.arange(600.0).reshape(20, 30)
+    x = da.from_array(data, chunks=(5, 10), name=GPU_LAYER_PREFIX + "fake")
+    y = (x * 2 + 1).mean(axis=0)
+    plain = dict(dask.optimize(y)[0].__dask_graph__())
+    wrapped = optimize(y.__dask_graph__(), y.__dask_keys__())
+    assert len(wrapped) == len(plain)
+    assert all(getattr(v, "func", None) is _then_sync for v in wrapped.values() if hasattr(v, "func"))
+    with dask.config.set(array_optimize=optimize):
+        np.testing.assert_allclose(y.compute(), (data * 2 + 1).mean(axis=0))

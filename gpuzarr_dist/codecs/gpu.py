@@ -111,6 +111,56 @@ def _cpu_diagnose(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
     return ChunkDecodeError(pipeline.array, keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}", reason, codec)
 
 
+class _NoStatedSize(Exception):
+    """A frame that does not state its decoded size: the batch is decoded on the CPU instead."""
+
+
+def _zstd_content_size(frame: bytes) -> int | None:
+    """Frame_Content_Size from a zstd frame header (RFC 8878 3.1.1.1), ``None`` when absent."""
+    if len(frame) < 6 or int.from_bytes(frame[:4], "little") != 0xFD2FB528:
+        raise ValueError("not a zstd frame (bad magic number)")
+    desc = frame[4]
+    fcs_flag, single, dict_flag = desc >> 6, (desc >> 5) & 1, desc & 3
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+    size = (1 if single else 0) if fcs_flag == 0 else (1, 2, 4, 8)[fcs_flag]
+    if size == 0:
+        return None
+    if len(frame) < pos + size:
+        raise ValueError("zstd frame header is truncated")
+    value = int.from_bytes(frame[pos : pos + size], "little")
+    return value + 256 if size == 2 else value
+
+
+def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                        keys: Sequence[str], expected: int) -> None:
+    """Check the decoded size each frame states against the chunk size, on the host, before launching.
+
+    nvCOMP trusts the frames: a zstd frame larger than its output slot was seen
+    writing into the next slot. zstd frames state their size in the header,
+    gzip members in their last four bytes (mod 2**32), numcodecs lz4 in a
+    4-byte prefix; zlib states none (nvCOMP bounds it by the slot).
+    """
+    for o, n, key in zip(offsets, sizes, keys):
+        try:
+            if codec == "zstd":
+                stated = _zstd_content_size(bytes(host[o : o + min(n, 18)]))
+                if stated is None:
+                    raise _NoStatedSize(key)
+            elif codec == "gzip":
+                stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
+                if stated != expected % (1 << 32):
+                    raise ValueError(f"gzip member states {stated} decoded bytes, expected {expected}")
+                continue
+            elif codec == "lz4":
+                stated = int.from_bytes(bytes(host[o : o + 4]), "little")
+            else:
+                continue
+        except ValueError as e:
+            raise ChunkDecodeError(array, key, str(e), codec) from None
+        if stated != expected:
+            raise ChunkDecodeError(array, key, f"frame states {stated} decoded bytes, expected {expected}", codec)
+
+
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
                    keys: Sequence[str]) -> None:
     """Check and strip the outer crc32c checksums on the host, in place of ``sizes``."""
@@ -147,7 +197,7 @@ def decode_batch_gpu(
     from ..runtime.cuda import align
 
     n = len(keys)
-    sizes = list(sizes)
+    stored_sizes, sizes = sizes, list(sizes)
     _verify_crc32c(pipeline, host, offsets, sizes, keys)
     layout = pipeline.layouts[-1]
     expected = layout.nbytes
@@ -164,11 +214,10 @@ def decode_batch_gpu(
         if min(in_sizes) <= 0:
             i = int(np.argmin(in_sizes))
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
-        if codec.name == "lz4":  # the numcodecs header states the decoded size: check it before launching
-            for i, o in enumerate(offsets):
-                stated = int.from_bytes(bytes(host[o : o + 4]), "little")
-                if stated != expected:
-                    raise ChunkDecodeError(pipeline.array, keys[i], f"lz4 header states {stated} decoded bytes, expected {expected}", "lz4")
+        try:
+            _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
+        except _NoStatedSize:
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         out = cupy.empty(n * stride, dtype=cupy.uint8)
         try:
             res = _nvcomp_codec(algorithm, stream).decode(
@@ -177,10 +226,10 @@ def decode_batch_gpu(
             )
             actual = list(res.buffer_sizes)  # waits for the decode
         except (RuntimeError, ValueError, MemoryError) as e:
-            raise _cpu_diagnose(pipeline, host, offsets, sizes, keys, f"nvCOMP: {e}", codec.name) from e
+            raise _cpu_diagnose(pipeline, host, offsets, stored_sizes, keys, f"nvCOMP: {e}", codec.name) from e
         bad = [i for i, a in enumerate(actual) if a != expected]
         if bad:
-            err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [sizes[i] for i in bad],
+            err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
                                 [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
             raise err
         base = out
@@ -190,6 +239,24 @@ def decode_batch_gpu(
             raise ChunkDecodeError(pipeline.array, keys[bad[0]], f"stored {sizes[bad[0]]} bytes, expected {expected}", "bytes")
         base, stride = dev, None
     return _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
+
+
+def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                   keys: Sequence[str], stream: cupy.cuda.Stream) -> cupy.ndarray:
+    """Decode a batch on the CPU (thread pool) and copy it up once: for frames nvCOMP cannot size safely."""
+    from ..runtime.threads import decode_pool
+
+    layout0 = pipeline.layouts[0]
+    chunks = np.empty((len(keys), *layout0.shape), dtype=layout0.dtype)
+
+    def put(i: int, arr: np.ndarray) -> None:
+        chunks[i] = arr
+
+    pipeline.decode_batch([host[o : o + n] for o, n in zip(offsets, sizes)], keys, decode_pool(), sink=put)
+    dev = cupy.empty(chunks.shape, dtype=chunks.dtype)
+    dev.set(chunks, stream=stream)
+    stream.synchronize()  # ``chunks`` is pageable host memory, freed on return
+    return dev
 
 
 def _array_stage(pipeline: CodecPipeline, buf: cupy.ndarray, starts: Sequence[int], n: int) -> cupy.ndarray:

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
     read.add_argument("--out", metavar="DIR", help="folder for the result tables")
     read.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    read.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
+    read.add_argument("--block-size", metavar="SIZE", action="append",
+                      help="block size for our rows, e.g. '256 MiB' (repeat for more rows; default: the config)")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     return parser
 

@@ -31,13 +31,13 @@ def _sync(device: str) -> None:
         cupy.cuda.runtime.deviceSynchronize()
 
 
-def _ours(path: str, device: str, threads: int) -> Callable[[], None]:
+def _ours(path: str, device: str, threads: int, block: str | None = None) -> Callable[[], None]:
     import dask
 
     from ..graph import from_zarr_gpu
 
     def run() -> None:
-        x = from_zarr_gpu(path, device=device)
+        x = from_zarr_gpu(path, device=device, chunks=block or "auto")
         with dask.config.set(scheduler="threads", num_workers=threads):
             m = x.mean(axis=0).compute()
         float(m[0, 0])
@@ -123,8 +123,10 @@ def run(args) -> int:
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}")
 
+    blocks = list(getattr(args, "block_size", None) or [None])
     candidates: list[tuple[str, Callable[[], None] | None]] = [
-        (OURS, _ours(path, device, threads)),
+        (OURS, _ours(path, device, threads, blocks[0])),
+        *((f"gpuzarr-dist, blocks of {b}", _ours(path, device, threads, b)) for b in blocks[1:]),
         ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
         ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
         (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),
@@ -151,6 +153,8 @@ def run(args) -> int:
     ceil = {r.cache: r for r in rows if r.name.startswith("ceiling")}
     for cache in ("warm", "cold"):
         print(f"{cache}: gpuzarr-dist reaches {ours[cache].gbps / ceil[cache].gbps:.0%} of the file-read ceiling")
+    for line in stage_times(path, device, blocks[0]):
+        print(line)
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
             "nbytes": nbytes, "host": platform.node(), "quick": quick}
     written = save(rows, out_dir, "bench-read", f"time mean of float32 ({steps}, 721, 1440), zstd, {device}", meta)
@@ -158,3 +162,58 @@ def run(args) -> int:
     if tmp is not None:
         tmp.cleanup()
     return 0
+
+
+def stage_times(path: str, device: str, block: str | None) -> list[str]:
+    """Time the stages of one block's read on one thread, one by one (warm cache), to find the limit."""
+    from ..graph import from_zarr_gpu
+
+    x = from_zarr_gpu(path, device=device, chunks=block or "auto")
+    reader = next(iter(x.dask.values())).args[0].value
+    sel = tuple(slice(0, c[0]) for c in x.chunks)
+    nbytes = int(np.prod([c[0] for c in x.chunks])) * x.dtype.itemsize
+    keys = [reader.spec.chunk_key(p.coords) for p in __import__("gpuzarr_dist.assemble", fromlist=["x"]).plan_selection(reader.spec, sel).parts]
+    lines = [f"stages of one block ({len(keys)} chunks, {nbytes / 1e6:.0f} MB decompressed), one thread, best of 3:"]
+
+    def best(fn: Callable[[], None]) -> float:
+        fn()
+        return min(_time(fn, 1, None) for _ in range(3))
+
+    if device == "gpu":
+        import cupy
+
+        from ..codecs.gpu import decode_batch_gpu
+        from ..runtime.cuda import ALIGN, pinned_staging, thread_stream
+
+        stream = thread_stream()
+        host, offs, sizes = reader.store.read_into(keys, pinned_staging, ALIGN)
+        stored = sum(sizes)
+        t_read = best(lambda: reader.store.read_into(keys, pinned_staging, ALIGN))
+        dev = cupy.empty(max(o + n for o, n in zip(offs, sizes)), dtype=cupy.uint8)
+
+        def copy() -> None:
+            dev.set(host[: dev.size], stream=stream)
+            stream.synchronize()
+
+        def decode() -> None:
+            decode_batch_gpu(reader.pipeline, host, offs, sizes, keys, stream)
+            stream.synchronize()
+
+        t_copy, t_dec = best(copy), best(decode)
+        t_all = best(lambda: (reader[sel], stream.synchronize()))
+        lines += [
+            f"  read files into pinned memory : {t_read * 1e3:7.1f} ms  {stored / t_read / 1e9:6.1f} GB/s stored",
+            f"  copy to the device            : {t_copy * 1e3:7.1f} ms  {stored / t_copy / 1e9:6.1f} GB/s stored",
+            f"  checks + copy + nvCOMP decode : {t_dec * 1e3:7.1f} ms  {nbytes / t_dec / 1e9:6.1f} GB/s decoded",
+            f"  whole block read              : {t_all * 1e3:7.1f} ms  {nbytes / t_all / 1e9:6.1f} GB/s decoded",
+        ]
+    else:
+        raw = reader.store.read_many(keys)
+        stored = sum(len(b) for b in raw)
+        t_read = best(lambda: reader.store.read_many(keys))
+        t_all = best(lambda: reader[sel])
+        lines += [
+            f"  read files                    : {t_read * 1e3:7.1f} ms  {stored / t_read / 1e9:6.1f} GB/s stored",
+            f"  whole block read + decode     : {t_all * 1e3:7.1f} ms  {nbytes / t_all / 1e9:6.1f} GB/s decoded",
+        ]
+    return lines

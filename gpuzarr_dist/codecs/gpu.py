@@ -54,6 +54,9 @@ def gpu_unsupported(pipeline: CodecPipeline) -> str | None:
     for c in pipeline.codecs:
         if not c.gpu_decode:
             return c.name
+    for c, layout in zip(pipeline.array_array, pipeline.layouts):
+        if c.name == "delta" and layout.dtype.kind not in "biu":
+            return "delta (floating point: its running sums must be summed in order, as numcodecs does)"
     inner = _strip_outer_crc(pipeline.bytes_bytes)
     if any(c.name == "crc32c" for c in inner):
         return "crc32c (inside a compressor)"
@@ -131,6 +134,32 @@ def _zstd_content_size(frame: bytes) -> int | None:
     return value + 256 if size == 2 else value
 
 
+def _zstd_frame_length(frame: memoryview) -> int:
+    """The length of the first zstd frame in ``frame``, walking its block headers (RFC 8878 3.1.1.2).
+
+    A truncated chunk whose header still states the right size decodes on the
+    GPU without an error (seen with nvCOMP 6): this catches it on the host.
+    """
+    if len(frame) < 6:
+        return 6
+    desc = frame[4]
+    single, dict_flag, fcs_flag, checksum = (desc >> 5) & 1, desc & 3, desc >> 6, (desc >> 2) & 1
+    fcs = (1 if single else 0) if fcs_flag == 0 else (1, 2, 4, 8)[fcs_flag]
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag] + fcs
+    n = len(frame)
+    while True:
+        if pos + 3 > n:
+            return pos + 3
+        header = frame[pos] | frame[pos + 1] << 8 | frame[pos + 2] << 16
+        pos += 3
+        kind = (header >> 1) & 3
+        if kind == 3:
+            raise ValueError("zstd frame has a block of the reserved type")
+        pos += 1 if kind == 1 else header >> 3
+        if header & 1:
+            return pos + 4 * checksum
+
+
 def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
                         keys: Sequence[str], expected: int) -> None:
     """Check the decoded size each frame states against the chunk size, on the host, before launching.
@@ -146,6 +175,11 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
                 stated = _zstd_content_size(bytes(host[o : o + min(n, 18)]))
                 if stated is None:
                     raise _NoStatedSize(key)
+                length = _zstd_frame_length(memoryview(host)[o : o + n])
+                if length < n:
+                    raise _NoStatedSize(key)  # more frames follow: leave it to the CPU decoder
+                if length > n:
+                    raise ValueError(f"zstd frame is truncated: its blocks need {length} bytes, the chunk holds {n}")
             elif codec == "gzip":
                 stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
                 if stated != expected % (1 << 32):
@@ -159,6 +193,63 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
             raise ChunkDecodeError(array, key, str(e), codec) from None
         if stated != expected:
             raise ChunkDecodeError(array, key, f"frame states {stated} decoded bytes, expected {expected}", codec)
+
+
+_LZ4_CHECK_SRC = r"""
+extern "C" __global__ void lz4_block_length(const unsigned char* src, const long long* offs,
+                                            const long long* sizes, long long limit, int n, long long* result) {
+    // One thread walks one LZ4 block's sequences (no decoding): the decoded length it
+    // describes, or a negative code where it is malformed (truncated, bad match offset,
+    // longer than ``limit``).
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned char* p = src + offs[i];
+    long long len = sizes[i], ip = 0, op = 0, code = 0;
+    while (code == 0) {
+        if (ip >= len) { code = -1; break; }
+        unsigned int token = p[ip++];
+        long long lit = token >> 4;
+        if (lit == 15) {
+            unsigned int b;
+            do { if (ip >= len) { code = -2; break; } b = p[ip++]; lit += b; } while (b == 255);
+            if (code) break;
+        }
+        if (ip + lit > len) { code = -3; break; }
+        ip += lit; op += lit;
+        if (ip == len) break;
+        if (ip + 2 > len) { code = -4; break; }
+        long long off = p[ip] | (p[ip + 1] << 8);
+        ip += 2;
+        if (off == 0 || off > op) { code = -5; break; }
+        long long ml = token & 15;
+        if (ml == 15) {
+            unsigned int b;
+            do { if (ip >= len) { code = -6; break; } b = p[ip++]; ml += b; } while (b == 255);
+            if (code) break;
+        }
+        op += ml + 4;
+        if (op > limit) { code = -7; break; }
+    }
+    result[i] = code ? code : op;
+}
+"""
+
+
+def _lz4_lengths(dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int], limit: int) -> np.ndarray:
+    """The decoded length each LZ4 block on the device describes (negative: malformed), one kernel for all.
+
+    nvCOMP 6 decodes a truncated or corrupted LZ4 block without an error and
+    may write past its output slot; walking the sequences first catches both.
+    """
+    kernel = getattr(_local, "lz4_kernel", None)
+    if kernel is None:
+        kernel = _local.lz4_kernel = cupy.RawKernel(_LZ4_CHECK_SRC, "lz4_block_length")
+    n = len(offsets)
+    offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
+    lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
+    out = cupy.empty(n, dtype=cupy.int64)
+    kernel(((n + 63) // 64,), (64,), (dev, offs, lens, np.int64(limit), np.int32(n), out))
+    return out.get()
 
 
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
@@ -218,6 +309,12 @@ def decode_batch_gpu(
             _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
         except _NoStatedSize:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        if codec.name == "lz4":
+            lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
+            bad = [i for i, length in enumerate(lengths) if length != expected]
+            if bad:
+                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
+                                    [keys[i] for i in bad], f"malformed lz4 block (code {lengths[bad[0]]})", "lz4")
         out = cupy.empty(n * stride, dtype=cupy.uint8)
         try:
             res = _nvcomp_codec(algorithm, stream).decode(
@@ -271,8 +368,9 @@ def _array_stage(pipeline: CodecPipeline, buf: cupy.ndarray, starts: Sequence[in
     else:
         raw = cupy.stack([buf[s : s + layout.nbytes] for s in starts])
     endian = getattr(pipeline.array_bytes, "endian", sys.byteorder)
-    if item > 1 and endian != sys.byteorder:  # swap bytes on the device
-        raw = cupy.ascontiguousarray(raw.reshape(n, -1, item)[:, :, ::-1]).reshape(n, -1)
+    unit = item // 2 if layout.dtype.kind == "c" else item  # complex: each part swaps on its own
+    if unit > 1 and endian != sys.byteorder:  # swap bytes on the device
+        raw = cupy.ascontiguousarray(raw.reshape(n, -1, unit)[:, :, ::-1]).reshape(n, -1)
     if raw.flags.c_contiguous:
         arr = raw.view(layout.dtype).reshape((n, *layout.shape))
     else:

@@ -321,7 +321,8 @@ def decode_batch_gpu(
                 nvcomp.as_arrays(dev, in_offs, in_sizes),
                 out=nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n),
             )
-            actual = list(res.buffer_sizes)  # waits for the decode
+            stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
+            actual = list(res.buffer_sizes)
         except (RuntimeError, ValueError, MemoryError) as e:
             raise _cpu_diagnose(pipeline, host, offsets, stored_sizes, keys, f"nvCOMP: {e}", codec.name) from e
         bad = [i for i, a in enumerate(actual) if a != expected]

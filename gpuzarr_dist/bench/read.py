@@ -153,7 +153,7 @@ def run(args) -> int:
     ceil = {r.cache: r for r in rows if r.name.startswith("ceiling")}
     for cache in ("warm", "cold"):
         print(f"{cache}: gpuzarr-dist reaches {ours[cache].gbps / ceil[cache].gbps:.0%} of the file-read ceiling")
-    for line in stage_times(path, device, blocks[0]):
+    for line in stage_times(path, device, blocks[0]) + thread_scaling(path, device, blocks[0]):
         print(line)
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
             "nbytes": nbytes, "host": platform.node(), "quick": quick}
@@ -216,4 +216,50 @@ def stage_times(path: str, device: str, block: str | None) -> list[str]:
             f"  read files                    : {t_read * 1e3:7.1f} ms  {stored / t_read / 1e9:6.1f} GB/s stored",
             f"  whole block read + decode     : {t_all * 1e3:7.1f} ms  {nbytes / t_all / 1e9:6.1f} GB/s decoded",
         ]
+    return lines
+
+
+def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int, ...] = (1, 2, 4, 8, 16)) -> list[str]:
+    """GB/s of whole-block reads (no dask) on 1..16 threads, and of each GPU stage alone, to see what scales."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..assemble import plan_selection
+    from ..graph import from_zarr_gpu
+
+    x = from_zarr_gpu(path, device=device, chunks=block or "auto")
+    reader = next(iter(x.dask.values())).args[0].value
+    edges = np.cumsum((0,) + x.chunks[0])
+    sels = [(slice(int(a), int(b)),) for a, b in zip(edges[:-1], edges[1:])]
+    nbytes = x.nbytes
+    stages: dict[str, Callable[[tuple], None]] = {"whole block": lambda sel: reader[sel]}
+    if device == "gpu":
+        import cupy
+
+        from ..codecs.gpu import decode_batch_gpu
+        from ..runtime.cuda import ALIGN, pinned_staging, thread_stream
+
+        keys = {sel: [reader.spec.chunk_key(p.coords) for p in plan_selection(reader.spec, sel).parts] for sel in sels}
+        staged = {sel: reader.store.read_into(keys[sel], pinned_staging, ALIGN) for sel in sels}
+
+        def read_only(sel: tuple) -> None:
+            reader.store.read_into(keys[sel], pinned_staging, ALIGN)
+
+        def decode_only(sel: tuple) -> None:
+            host, offs, sizes = staged[sel]
+            decode_batch_gpu(reader.pipeline, host, offs, sizes, keys[sel], thread_stream())
+            thread_stream().synchronize()
+
+        stages = {"read into pinned": read_only, "copy + decode": decode_only, **stages}
+    lines = ["thread scaling, GB/s of decoded data (all blocks once, after one warm-up pass):"]
+    lines.append(f"  {'stage':<18}" + "".join(f"{n:>8}" for n in counts))
+    for name, fn in stages.items():
+        row = []
+        for n in counts:
+            with ThreadPoolExecutor(n) as pool:
+                list(pool.map(fn, sels))
+                t0 = time.perf_counter()
+                list(pool.map(fn, sels))
+                _sync(device)
+                row.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        lines.append(f"  {name:<18}" + "".join(f"{v:8.1f}" for v in row))
     return lines

@@ -1,10 +1,10 @@
-"""Per-thread CUDA resources: a stream and a pinned staging buffer for each worker thread.
+"""Per-thread CUDA resources: a stream for each worker thread; pinned staging buffers from a shared pool.
 
 Each thread that reads on the GPU gets, on first use, its own non-blocking
 CuPy stream, made the thread's current stream so that the user's fused
-kernels run on it too, and kept for the thread's life (so no work is ever
-left on a destroyed stream). Large temporaries come from CuPy's memory pools
-(device and pinned), not fresh allocations per chunk.
+kernels run on it too, and kept for the life of the process (so no work, and
+no nvCOMP codec bound to it, ever outlives its stream). Large temporaries come
+from CuPy's memory pools (device and pinned), not fresh allocations per chunk.
 
 Only imported on the GPU path: importing it imports cupy.
 """
@@ -41,20 +41,16 @@ def thread_stream() -> cupy.cuda.Stream:
 
 
 def pinned_staging(nbytes: int) -> np.ndarray:
-    """This thread's pinned host staging buffer as a uint8 array of at least ``nbytes``.
+    """A pinned host buffer of at least ``nbytes`` as a uint8 array, from CuPy's pinned memory pool.
 
-    It grows (to the next power of two) when a larger block comes and is reused
-    otherwise. The caller must synchronise its stream before the next call
-    overwrites the buffer.
+    Sizes are rounded up to a power of two so that freed buffers are reused by
+    the next block of about the same size, on any thread; the memory goes back
+    to the pool when the array is garbage collected. The caller synchronises
+    its stream before dropping the array (no copy may still read it).
     """
-    buf = getattr(_local, "pinned", None)
-    if buf is None or buf.nbytes < nbytes:
-        size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
-        mem = cupy.cuda.alloc_pinned_memory(size)
-        buf = np.frombuffer(mem, dtype=np.uint8, count=size)
-        _local.pinned = buf
-        _local.pinned_mem = mem
-    return buf[:nbytes]
+    size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
+    mem = cupy.cuda.alloc_pinned_memory(size)
+    return np.frombuffer(mem, dtype=np.uint8, count=size)[:nbytes]
 
 
 def sync_thread_stream() -> None:
@@ -65,7 +61,7 @@ def sync_thread_stream() -> None:
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A numpy array in this thread's pinned staging buffer (reused by the next block on this thread)."""
+    """An uninitialised numpy array in pinned host memory (see :func:`pinned_staging`)."""
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     return pinned_staging(n).view(dtype).reshape(shape)

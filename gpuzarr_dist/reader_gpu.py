@@ -70,8 +70,29 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
             [keys[i] for i in present],
             stream,
         )
-        for j, i in enumerate(present):
-            part = plan.parts[i]
-            out[part.out_sel] = chunks[j][part.chunk_sel]
+        if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
+            _place_grid(out, chunks, spec.chunk_shape)
+        else:
+            for j, i in enumerate(present):
+                part = plan.parts[i]
+                out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     return out
+
+
+def _whole_chunk_grid(plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Whether the plan is a full grid of whole chunks tiling the output (the usual aligned block)."""
+    return all(
+        s.start == 0 and s.stop == c and s.step in (None, 1)
+        for part in plan.parts
+        for s, c in zip(part.chunk_sel, chunk_shape)
+    ) and all(o % c == 0 for o, c in zip(out_shape, chunk_shape))
+
+
+def _place_grid(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int, ...]) -> None:
+    """Copy a C-ordered grid of decoded chunks into ``out`` with one kernel instead of one per chunk."""
+    grid = tuple(o // c for o, c in zip(out.shape, chunk_shape))
+    nd = len(grid)
+    tiles = out.reshape([v for g, c in zip(grid, chunk_shape) for v in (g, c)])
+    tiles = tiles.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2)))
+    tiles[...] = chunks.reshape(grid + tuple(chunk_shape))

@@ -118,81 +118,108 @@ class _NoStatedSize(Exception):
     """A frame that does not state its decoded size: the batch is decoded on the CPU instead."""
 
 
-def _zstd_content_size(frame: bytes) -> int | None:
-    """Frame_Content_Size from a zstd frame header (RFC 8878 3.1.1.1), ``None`` when absent."""
-    if len(frame) < 6 or int.from_bytes(frame[:4], "little") != 0xFD2FB528:
-        raise ValueError("not a zstd frame (bad magic number)")
-    desc = frame[4]
-    fcs_flag, single, dict_flag = desc >> 6, (desc >> 5) & 1, desc & 3
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
-    size = (1 if single else 0) if fcs_flag == 0 else (1, 2, 4, 8)[fcs_flag]
-    if size == 0:
-        return None
-    if len(frame) < pos + size:
-        raise ValueError("zstd frame header is truncated")
-    value = int.from_bytes(frame[pos : pos + size], "little")
-    return value + 256 if size == 2 else value
-
-
-def _zstd_frame_length(frame: memoryview) -> int:
-    """The length of the first zstd frame in ``frame``, walking its block headers (RFC 8878 3.1.1.2).
-
-    A truncated chunk whose header still states the right size decodes on the
-    GPU without an error (seen with nvCOMP 6): this catches it on the host.
-    """
-    if len(frame) < 6:
-        return 6
-    desc = frame[4]
-    single, dict_flag, fcs_flag, checksum = (desc >> 5) & 1, desc & 3, desc >> 6, (desc >> 2) & 1
-    fcs = (1 if single else 0) if fcs_flag == 0 else (1, 2, 4, 8)[fcs_flag]
-    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag] + fcs
-    n = len(frame)
-    while True:
-        if pos + 3 > n:
-            return pos + 3
-        header = frame[pos] | frame[pos + 1] << 8 | frame[pos + 2] << 16
-        pos += 3
-        kind = (header >> 1) & 3
-        if kind == 3:
-            raise ValueError("zstd frame has a block of the reserved type")
-        pos += 1 if kind == 1 else header >> 3
-        if header & 1:
-            return pos + 4 * checksum
-
-
 def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
                         keys: Sequence[str], expected: int) -> None:
-    """Check the decoded size each frame states against the chunk size, on the host, before launching.
+    """Check on the host, before launching, the decoded size that gzip and lz4 frames state.
 
-    nvCOMP trusts the frames: a zstd frame larger than its output slot was seen
-    writing into the next slot. zstd frames state their size in the header,
-    gzip members in their last four bytes (mod 2**32), numcodecs lz4 in a
-    4-byte prefix; zlib states none (nvCOMP bounds it by the slot).
+    nvCOMP trusts the frames: a frame larger than its output slot was seen
+    writing into the next slot. gzip members state their size in their last
+    four bytes (mod 2**32), numcodecs lz4 in a 4-byte prefix; zstd frames are
+    checked on the device (:func:`_zstd_frames`); zlib states none (nvCOMP
+    bounds it by the slot).
     """
     for o, n, key in zip(offsets, sizes, keys):
-        try:
-            if codec == "zstd":
-                stated = _zstd_content_size(bytes(host[o : o + min(n, 18)]))
-                if stated is None:
-                    raise _NoStatedSize(key)
-                length = _zstd_frame_length(memoryview(host)[o : o + n])
-                if length < n:
-                    raise _NoStatedSize(key)  # more frames follow: leave it to the CPU decoder
-                if length > n:
-                    raise ValueError(f"zstd frame is truncated: its blocks need {length} bytes, the chunk holds {n}")
-            elif codec == "gzip":
-                stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
-                if stated != expected % (1 << 32):
-                    raise ValueError(f"gzip member states {stated} decoded bytes, expected {expected}")
-                continue
-            elif codec == "lz4":
-                stated = int.from_bytes(bytes(host[o : o + 4]), "little")
-            else:
-                continue
-        except ValueError as e:
-            raise ChunkDecodeError(array, key, str(e), codec) from None
-        if stated != expected:
-            raise ChunkDecodeError(array, key, f"frame states {stated} decoded bytes, expected {expected}", codec)
+        if codec == "gzip":
+            stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
+            if stated != expected % (1 << 32):
+                raise ChunkDecodeError(array, key, f"gzip member states {stated} decoded bytes, expected {expected}", codec)
+        elif codec == "lz4":
+            stated = int.from_bytes(bytes(host[o : o + 4]), "little")
+            if stated != expected:
+                raise ChunkDecodeError(array, key, f"lz4 prefix states {stated} decoded bytes, expected {expected}", codec)
+
+
+_ZSTD_FRAMES_SRC = r"""
+extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
+                                       int n, long long* fcs_out, long long* len_out) {
+    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its block
+    // headers: the decoded size the frame states (-1 none, -2 not zstd, -3 header cut)
+    // and the bytes the frame spans (-4 reserved block type).
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const unsigned char* p = src + offs[i];
+    long long len = sizes[i];
+    fcs_out[i] = -2; len_out[i] = -1;
+    if (len < 6) return;
+    unsigned int magic = p[0] | (p[1] << 8) | (p[2] << 16) | ((unsigned int)p[3] << 24);
+    if (magic != 0xFD2FB528u) return;
+    unsigned int desc = p[4];
+    int single = (desc >> 5) & 1, dflag = desc & 3, fflag = desc >> 6, cks = (desc >> 2) & 1;
+    int fsz = fflag == 0 ? single : (fflag == 1 ? 2 : (fflag == 2 ? 4 : 8));
+    long long pos = 5 + (single ? 0 : 1) + (dflag == 3 ? 4 : dflag);
+    if (pos + fsz > len) { fcs_out[i] = -3; return; }
+    long long fcs = -1;
+    if (fsz) {
+        fcs = 0;
+        for (int k = 0; k < fsz; k++) fcs |= ((long long)p[pos + k]) << (8 * k);
+        if (fsz == 2) fcs += 256;
+    }
+    fcs_out[i] = fcs;
+    pos += fsz;
+    while (true) {
+        if (pos + 3 > len) { len_out[i] = pos + 3; return; }
+        unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
+        pos += 3;
+        unsigned int kind = (h >> 1) & 3;
+        if (kind == 3) { len_out[i] = -4; return; }
+        pos += (kind == 1) ? 1 : (h >> 3);
+        if (h & 1) { len_out[i] = pos + 4 * cks; return; }
+    }
+}
+"""
+
+
+def _kernel(name: str, src: str) -> cupy.RawKernel:
+    kernels = getattr(_local, "kernels", None)
+    if kernels is None:
+        kernels = _local.kernels = {}
+    if name not in kernels:
+        kernels[name] = cupy.RawKernel(src, name)
+    return kernels[name]
+
+
+def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                 keys: Sequence[str], expected: int) -> None:
+    """Check every zstd frame on the device, one thread each: magic number, stated size, frame length.
+
+    A truncated frame whose header still states the right size decodes on the
+    GPU without an error (seen with nvCOMP 6), and a frame larger than its slot
+    overwrites the next one: both are caught here, before nvCOMP runs.
+    Raises :class:`_NoStatedSize` for frames the CPU decoder must handle
+    (no stated size, or several frames in one chunk).
+    """
+    n = len(offsets)
+    offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
+    lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
+    fcs, length = cupy.empty(n, dtype=cupy.int64), cupy.empty(n, dtype=cupy.int64)
+    _kernel("zstd_frames", _ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length))
+    fcs, length = fcs.get(), length.get()
+    for i in range(n):
+        why = None
+        if fcs[i] == -2:
+            why = "not a zstd frame (bad magic number or too short)"
+        elif fcs[i] == -3:
+            why = "zstd frame header is truncated"
+        elif length[i] == -4:
+            why = "zstd frame has a block of the reserved type"
+        elif fcs[i] == -1 or length[i] < sizes[i]:
+            raise _NoStatedSize(keys[i])
+        elif fcs[i] != expected:
+            why = f"zstd frame states {fcs[i]} decoded bytes, expected {expected}"
+        elif length[i] > sizes[i]:
+            why = f"zstd frame is truncated: its blocks need {length[i]} bytes, the chunk holds {sizes[i]}"
+        if why:
+            raise ChunkDecodeError(array, keys[i], why, "zstd")
 
 
 _LZ4_CHECK_SRC = r"""
@@ -241,9 +268,7 @@ def _lz4_lengths(dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
     nvCOMP 6 decodes a truncated or corrupted LZ4 block without an error and
     may write past its output slot; walking the sequences first catches both.
     """
-    kernel = getattr(_local, "lz4_kernel", None)
-    if kernel is None:
-        kernel = _local.lz4_kernel = cupy.RawKernel(_LZ4_CHECK_SRC, "lz4_block_length")
+    kernel = _kernel("lz4_block_length", _LZ4_CHECK_SRC)
     n = len(offsets)
     offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
     lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
@@ -305,10 +330,12 @@ def decode_batch_gpu(
         if min(in_sizes) <= 0:
             i = int(np.argmin(in_sizes))
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
-        try:
-            _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
-        except _NoStatedSize:
-            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
+        if codec.name == "zstd":
+            try:
+                _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)
+            except _NoStatedSize:
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
             bad = [i for i, length in enumerate(lengths) if length != expected]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -122,23 +121,27 @@ class LocalChunkStore(ChunkStore):
         offsets, total = staging_layout(sizes, align, lead)
         buf = staging(total)
         files, futures = [], []
-        key = keys[0] if keys else ""
+        key, waited = (keys[0] if keys else ""), 0
         try:
             for key, n, off in zip(keys, sizes, offsets):
                 if n > 0:
                     files.append(kvikio.CuFile(self.path(key), "r"))
                     futures.append((key, n, files[-1].pread(buf[off : off + n], n, 0)))
             for key, n, fut in futures:
-                if (got := fut.get()) != n:
+                got = fut.get()
+                waited += 1
+                if got != n:
                     raise ChunkReadError(self.array, key, f"read {got} of {n} bytes (file changed while reading?)")
         except (OSError, RuntimeError) as e:
             if isinstance(e, ChunkReadError):
                 raise
             raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
         finally:
-            for _, _, fut in futures:  # never hand back the buffer while a read still writes to it
-                while not fut.done():
-                    time.sleep(1e-4)
+            for _, _, fut in futures[waited:]:  # never hand back the buffer while a read still writes to it
+                try:
+                    fut.get()
+                except Exception:  # the first failure is already being raised
+                    pass
             for f in files:
                 f.close()
         return buf, offsets, sizes

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,24 +14,29 @@ from ..runtime.threads import io_pool
 
 
 _kvikio_state: list = []
+_kvikio_lock = threading.Lock()
 
 
 def _kvikio() -> Any:
     """kvikio, set to read with ``gpuzarr.io-threads`` threads, or ``None`` where it is not installed.
 
     kvikio's default of one thread reads at a fraction of the disk's rate; its
-    ``KVIKIO_NTHREADS`` environment variable, when set, is left as it is.
+    ``KVIKIO_NTHREADS`` environment variable, when set, is left as it is. The
+    setting happens once, under a lock, before any read: resetting kvikio's
+    thread pool while another thread waits on a read deadlocked (seen on the H200).
     """
     if not _kvikio_state:
-        try:
-            import kvikio
-            import kvikio.defaults
-
-            if "KVIKIO_NTHREADS" not in os.environ:
-                kvikio.defaults.set("num_threads", io_threads())
-            _kvikio_state.append(kvikio)
-        except ImportError:
-            _kvikio_state.append(None)
+        with _kvikio_lock:
+            if not _kvikio_state:
+                try:
+                    import kvikio
+                    import kvikio.defaults
+                except ImportError:
+                    _kvikio_state.append(None)
+                else:
+                    if "KVIKIO_NTHREADS" not in os.environ and kvikio.defaults.get("num_threads") < io_threads():
+                        kvikio.defaults.set("num_threads", io_threads())
+                    _kvikio_state.append(kvikio)
     return _kvikio_state[0]
 
 

@@ -158,6 +158,31 @@ def assert_same(actual: Any, expected: np.ndarray) -> None:
     np.testing.assert_array_equal(actual, expected, strict=False)
 
 
+def record_chunk_reads(mp: pytest.MonkeyPatch) -> list[str]:
+    """Patch ``LocalChunkStore`` so every chunk key read (CPU ``read_many``, GPU ``read_into``) is recorded."""
+    import threading
+
+    from gpuzarr_dist.stores.local import LocalChunkStore
+
+    keys: list[str] = []
+    lock = threading.Lock()
+    original, original_into = LocalChunkStore.read_many, LocalChunkStore.read_into
+
+    def read_many(self, ks):
+        with lock:
+            keys.extend(ks)
+        return original(self, ks)
+
+    def read_into(self, ks, *args, **kwargs):
+        with lock:
+            keys.extend(ks)
+        return original_into(self, ks, *args, **kwargs)
+
+    mp.setattr(LocalChunkStore, "read_many", read_many)
+    mp.setattr(LocalChunkStore, "read_into", read_into)
+    return keys
+
+
 # --------------------------------------------------------------------------- devices
 
 _device = ["cpu"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import threading
 import warnings
 
 import dask.array as da
@@ -19,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, touched_chunk_keys
-from gpuzarr_dist.stores.local import LocalChunkStore
+from conftest import assert_same, compute_checked, touched_chunk_keys, make_data, record_chunk_reads
 
 DTYPES_V3 = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 DTYPES_V2 = DTYPES_V3 + [">i2", ">u4", ">i8", ">f4", ">f8", ">c16"]
@@ -45,19 +43,7 @@ def _scalar(draw, dtype: np.dtype):
 
 
 def _data(draw, dtype: np.dtype, shape) -> np.ndarray:
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    n = math.prod(shape)
-    if dtype.kind == "b":
-        flat = rng.random(n) > 0.5
-    elif dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        flat = rng.integers(info.min, info.max, size=n, endpoint=True, dtype=dtype.newbyteorder("="))
-    elif dtype.kind == "f":
-        flat = (rng.standard_normal(n) * 100).astype(dtype.newbyteorder("="))
-    else:
-        flat = (rng.standard_normal(n) + 1j * rng.standard_normal(n)).astype(dtype.newbyteorder("="))
-    return flat.reshape(shape).astype(dtype)
+    return make_data(dtype, shape, seed=draw(st.integers(0, 2**32 - 1)), specials=False)
 
 
 @st.composite
@@ -203,17 +189,7 @@ def test_random_slices_read_only_touched_chunks(case, data, monkeypatch_module):
 
 @pytest.fixture(scope="module")
 def monkeypatch_module():
-    """Record the keys ``LocalChunkStore.read_many`` is asked for (module-wide, reset per example)."""
+    """Record the chunk keys read (module-wide, reset per example)."""
     mp = pytest.MonkeyPatch()
-    keys: list[str] = []
-    lock = threading.Lock()
-    original = LocalChunkStore.read_many
-
-    def read_many(self, ks):
-        with lock:
-            keys.extend(ks)
-        return original(self, ks)
-
-    mp.setattr(LocalChunkStore, "read_many", read_many)
-    yield keys
+    yield record_chunk_reads(mp)
     mp.undo()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -10,8 +9,7 @@ import pytest
 import gpuzarr_dist as gz
 from gpuzarr_dist.reader import BlockReader
 from gpuzarr_dist.stores.source import open_source
-from conftest import assert_same, compute_checked, make_data, reference, touched_chunk_keys, write_array, dev
-from gpuzarr_dist.stores.local import LocalChunkStore
+from conftest import assert_same, compute_checked, make_data, reference, touched_chunk_keys, write_array, dev, record_chunk_reads
 
 SHAPE = (20, 17, 9)
 CHUNKS = (4, 5, 3)
@@ -85,24 +83,8 @@ def test_chained_selections(sliced_array):
 
 @pytest.fixture
 def record_reads(monkeypatch):
-    """Wrap ``LocalChunkStore.read_many`` and ``read_into`` (the GPU path); returns the keys asked for."""
-    keys: list[str] = []
-    lock = threading.Lock()
-    original, original_into = LocalChunkStore.read_many, LocalChunkStore.read_into
-
-    def read_many(self, ks):
-        with lock:
-            keys.extend(ks)
-        return original(self, ks)
-
-    def read_into(self, ks, *args, **kwargs):
-        with lock:
-            keys.extend(ks)
-        return original_into(self, ks, *args, **kwargs)
-
-    monkeypatch.setattr(LocalChunkStore, "read_many", read_many)
-    monkeypatch.setattr(LocalChunkStore, "read_into", read_into)
-    return keys
+    """The list of chunk keys the reads ask for (see ``conftest.record_chunk_reads``)."""
+    return record_chunk_reads(monkeypatch)
 
 
 BASIC_SELECTIONS = [
@@ -149,22 +131,15 @@ def _blocks_box(x, sel) -> tuple:
 # dask's slice fusion refuses negative steps and resolves fancy indices itself
 # (``take``), so for these the reader is asked for the whole blocks the
 # selection touches: never more, and always every chunk the selection needs.
-@pytest.mark.parametrize("sel", [np.s_[::-1], np.s_[::-5, 3], np.s_[15:2:-4, ::-2, 1], np.s_[2, 16:3:-6]], ids=_ids)
-def test_negative_steps_read_within_touched_blocks(sliced_array, record_reads, sel):
-    path, fmt, expected = sliced_array
-    x = gz.from_zarr_gpu(path, chunks=(8, 10, 6), device=dev())
-    record_reads.clear()
-    assert_same(compute_checked(x[sel]), expected[sel])
-    assert set(record_reads) <= set(touched_chunk_keys(SHAPE, CHUNKS, _blocks_box(x, sel), fmt))
-    assert set(record_reads) >= set(touched_chunk_keys(SHAPE, CHUNKS, sel, fmt))
-
-
 @pytest.mark.parametrize(
     "sel",
-    [np.s_[[5, 9, 6], 0:3], np.s_[:, [11, 13], 4], np.s_[np.isin(np.arange(SHAPE[0]), [5, 6, 9]), 0]],
-    ids=["list", "list-axis1", "mask"],
+    [
+        np.s_[::-1], np.s_[::-5, 3], np.s_[15:2:-4, ::-2, 1], np.s_[2, 16:3:-6],
+        np.s_[[5, 9, 6], 0:3], np.s_[:, [11, 13], 4], np.s_[np.isin(np.arange(SHAPE[0]), [5, 6, 9]), 0],
+    ],
+    ids=_ids,
 )
-def test_fancy_index_reads_within_touched_blocks(sliced_array, record_reads, sel):
+def test_negative_steps_and_fancy_indices_read_within_touched_blocks(sliced_array, record_reads, sel):
     path, fmt, expected = sliced_array
     x = gz.from_zarr_gpu(path, chunks=(8, 10, 6), device=dev())
     record_reads.clear()

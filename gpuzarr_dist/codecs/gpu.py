@@ -179,13 +179,17 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
 """
 
 
+_kernels: dict[str, cupy.RawKernel] = {}
+_kernels_lock = threading.Lock()
+
+
 def _kernel(name: str, src: str) -> cupy.RawKernel:
-    kernels = getattr(_local, "kernels", None)
-    if kernels is None:
-        kernels = _local.kernels = {}
-    if name not in kernels:
-        kernels[name] = cupy.RawKernel(src, name)
-    return kernels[name]
+    """A checking kernel, compiled once per process and launched from any thread."""
+    kernel = _kernels.get(name)
+    if kernel is None:
+        with _kernels_lock:
+            kernel = _kernels.setdefault(name, cupy.RawKernel(src, name))
+    return kernel
 
 
 def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int],

@@ -149,10 +149,6 @@ def _display_name(path: str, component: str | None) -> str:
 
 
 def _codec_config(c: Any) -> str:
-    if c.name == "sharding_indexed":  # the inner chain matters, not its JSON
-        cfg = c.configuration
-        inner = ", ".join(str(k.get("name", k)) if isinstance(k, dict) else str(k) for k in cfg.get("codecs") or ())
-        return f"inner chunks {tuple(cfg.get('chunk_shape') or ())}, codecs: {inner}"
     return json.dumps(c.configuration, sort_keys=True, default=str) if c.configuration else "{}"
 
 
@@ -167,8 +163,7 @@ def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
         try:
             codec = get_codec(c, spec.name)
         except GpuZarrError as e:
-            kind = "array->bytes" if c.name == "sharding_indexed" else "?"
-            rows.append((c.name, config, kind, "not readable by gpuzarr-dist yet"))
+            rows.append((c.name, config, "?", "not readable by gpuzarr-dist yet"))
             notes.append(str(e))
             continue
         kind = codec.kind.replace("_", "->")
@@ -188,6 +183,9 @@ def _print_array(spec: Any, stored: int | None, name: str) -> None:
     print(f"  zarr format  {spec.zarr_format}")
     print(f"  shape        {spec.shape}")
     print(f"  dtype        {spec.dtype}")
+    if spec.shard_shape is not None:
+        print(f"  shard shape  {spec.shard_shape}  ({math.prod(spec.chunks_per_shard)} chunks per shard, "
+              f"index at the {spec.shard_index_location}: {', '.join(c.name for c in spec.shard_index_codecs)})")
     print(f"  chunk shape  {spec.chunk_shape}  ({_size(spec.chunk_nbytes)} per chunk)")
     print(f"  chunks       {chunks}  (grid {' x '.join(map(str, spec.grid_shape)) or '1'})")
     size = f"{_size(nbytes)} decompressed"
@@ -197,6 +195,7 @@ def _print_array(spec: Any, stored: int | None, name: str) -> None:
     fill = spec.fill_value.item() if hasattr(spec.fill_value, "item") else spec.fill_value
     print(f"  fill value   {fill!r}")
     note = " (Zarr v2 filters/compressor in the v3 form)" if spec.zarr_format == 2 else ""
+    note += " (of the chunks inside each shard)" if spec.shard_shape is not None else ""
     print(f"  codecs       {len(spec.codecs)}, encode order{note}:")
     rows, notes = _codec_rows(spec)
     w0 = max((len(r[0]) for r in rows), default=0)

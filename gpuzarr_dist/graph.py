@@ -29,21 +29,24 @@ from .stores.source import open_source
 
 
 def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
-    """A block shape that is a whole multiple of the chunk shape, about ``target_bytes`` big.
+    """A block shape that is a whole multiple of the stored objects' shape, about ``target_bytes`` big.
+
+    The unit is the chunk, or the shard for sharded arrays (so each shard is read by one task).
 
     Axes grow in order, the first (slowest-varying, often time) first: each
     axis takes as many chunks as fit, up to its whole extent, before the next
     one grows. At least one chunk per block, whatever its size.
     """
-    block = list(spec.chunk_shape)
+    unit = spec.read_unit
+    block = list(unit)
     item = spec.dtype.itemsize
     for ax, n in enumerate(spec.shape):
         size = math.prod(block) * item
         if size >= target_bytes:
             break
-        chunks_on_axis = math.ceil(n / spec.chunk_shape[ax]) if spec.chunk_shape[ax] else 1
+        units_on_axis = math.ceil(n / unit[ax]) if unit[ax] else 1
         fit = max(1, int(target_bytes // max(size, 1)))
-        block[ax] = spec.chunk_shape[ax] * min(chunks_on_axis, fit)
+        block[ax] = unit[ax] * min(units_on_axis, fit)
     return tuple(min(b, max(n, 1)) for b, n in zip(block, spec.shape))
 
 
@@ -55,11 +58,12 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str) -> tuple[tuple[int,
 
         return normalize_chunks(auto_block_shape(spec, int(parse_bytes(chunks))), spec.shape)
     out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.chunk_shape)
-    for ax, (bs, c) in enumerate(zip(out, spec.chunk_shape)):
+    what = "shard" if spec.shard_shape else "chunk"
+    for ax, (bs, c) in enumerate(zip(out, spec.read_unit)):
         if any(b % c for b in bs[:-1]):
             warnings.warn(
-                f"{spec.name}: blocks {bs[:3]}... on axis {ax} are not multiples of the Zarr chunk size {c}; "
-                "chunks on block boundaries will be read and decoded more than once",
+                f"{spec.name}: blocks {bs[:3]}... on axis {ax} are not multiples of the Zarr {what} size {c}; "
+                f"{what}s on block boundaries will be read more than once",
                 stacklevel=3,
             )
             break

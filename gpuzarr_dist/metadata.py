@@ -43,6 +43,20 @@ class ArraySpec:
     key_prefix: str  # "c" for the v3 default encoding, "" for v2-style keys
     key_separator: str
     metadata_key: str  # "zarr.json" or ".zarray"
+    #: for sharded arrays: the shard shape (``chunk_shape`` is then the inner chunk shape),
+    #: the codecs of the shard index and where the index is ("start" or "end")
+    shard_shape: tuple[int, ...] | None = None
+    shard_index_codecs: tuple[CodecSpec, ...] = ()
+    shard_index_location: str = "end"
+
+    @property
+    def read_unit(self) -> tuple[int, ...]:
+        """The shape one stored object holds: the shard for sharded arrays, else the chunk."""
+        return self.shard_shape or self.chunk_shape
+
+    @property
+    def chunks_per_shard(self) -> tuple[int, ...]:
+        return tuple(s // c for s, c in zip(self.read_unit, self.chunk_shape))
 
     @property
     def ndim(self) -> int:
@@ -57,10 +71,20 @@ class ArraySpec:
         return math.prod(self.chunk_shape) * self.dtype.itemsize
 
     def chunk_key(self, coords: tuple[int, ...]) -> str:
-        """The store key of the chunk at grid position ``coords``.
+        """The key of the chunk at grid position ``coords``.
 
-        Built from integers only, so it cannot point outside the array's folder.
+        For sharded arrays, the shard's store key followed by the chunk's
+        position inside the shard, e.g. ``c/0/1[1,0]``. Built from integers
+        only, so it cannot point outside the array's folder.
         """
+        if self.shard_shape is not None:
+            per = self.chunks_per_shard
+            inner = ",".join(str(c % p) for c, p in zip(coords, per))
+            return f"{self.store_key(tuple(c // p for c, p in zip(coords, per)))}[{inner}]"
+        return self.store_key(coords)
+
+    def store_key(self, coords: tuple[int, ...]) -> str:
+        """The store key of the object (chunk, or shard) at grid position ``coords`` of the stored grid."""
         if not self.key_prefix:  # Zarr v2 keys, or the v3 "v2" chunk key encoding
             return self.key_separator.join(map(str, coords)) if coords else "0"
         return self.key_separator.join((self.key_prefix, *map(str, coords)))
@@ -132,9 +156,29 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         else:
             raise MetadataError(f"{name}: zarr.json field chunk_key_encoding: unknown encoding {enc.get('name')!r}")
         codecs = _v3_codecs(meta, name)
+        shard_shape, index_codecs, index_location = None, (), "end"
+        if any(c.name == "sharding_indexed" for c in codecs):
+            if len(codecs) != 1:
+                raise MetadataError(f"{name}: zarr.json codecs: sharding_indexed must be the only codec here, got {[c.name for c in codecs]}")
+            cfg = codecs[0].configuration
+            try:
+                inner = tuple(int(c) for c in cfg["chunk_shape"])
+                codecs = _v3_codecs({"codecs": cfg["codecs"]}, name)
+                index_codecs = _v3_codecs({"codecs": cfg.get("index_codecs") or [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}, name)
+                index_location = cfg.get("index_location", "end")
+            except (KeyError, TypeError, ValueError) as e:
+                raise MetadataError(f"{name}: zarr.json field codecs[0] (sharding_indexed) configuration is invalid: {e}") from e
+            if index_location not in ("start", "end"):
+                raise MetadataError(f"{name}: zarr.json sharding index_location must be 'start' or 'end', got {index_location!r}")
+            if any(c.name == "sharding_indexed" for c in codecs):
+                raise MetadataError(f"{name}: zarr.json: nested sharding is not supported")
+            if len(inner) != len(chunk_shape) or any(i <= 0 or s % i for s, i in zip(chunk_shape, inner)):
+                raise MetadataError(f"{name}: zarr.json: inner chunk shape {inner} does not divide the shard shape {chunk_shape}")
+            shard_shape, chunk_shape = chunk_shape, inner
         if meta.get("storage_transformers"):
             raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported")
     elif fmt == 2:
+        shard_shape, index_codecs, index_location = None, (), "end"
         mkey = ".zarray"
         chunk_shape = tuple(int(c) for c in meta["chunks"])
         dtype = _native_dtype(metadata.dtype)
@@ -158,4 +202,7 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         key_prefix=prefix,
         key_separator=sep,
         metadata_key=mkey,
+        shard_shape=shard_shape,
+        shard_index_codecs=index_codecs,
+        shard_index_location=index_location,
     )

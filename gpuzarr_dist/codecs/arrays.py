@@ -15,6 +15,7 @@ class Bytes(ArrayBytesCodec):
     """Zarr v3 ``bytes``: the chunk's elements in C order with the given endianness."""
 
     name = "bytes"
+    gpu_decode = True
 
     def __init__(self, endian: str | None = None, **config: Any):
         if endian not in (None, "little", "big"):
@@ -41,6 +42,7 @@ class Transpose(ArrayArrayCodec):
     """Zarr v3 ``transpose``: encoded = array.transpose(order)."""
 
     name = "transpose"
+    gpu_decode = True
 
     def __init__(self, order: Any, **config: Any):
         super().__init__(order=[int(o) for o in order], **config)
@@ -61,6 +63,7 @@ class Delta(ArrayArrayCodec):
     """numcodecs ``delta``: differences of consecutive elements in memory order."""
 
     name = "delta"
+    gpu_decode = True
 
     def __init__(self, dtype: str, astype: str | None = None, **config: Any):
         super().__init__(dtype=dtype, **({"astype": astype} if astype else {}), **config)

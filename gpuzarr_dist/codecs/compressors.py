@@ -28,16 +28,19 @@ class _Numcodecs(BytesBytesCodec):
 
 class Zstd(_Numcodecs):
     name = "zstd"
+    gpu_decode = True
     numcodecs_cls = numcodecs.Zstd
 
 
 class GZip(_Numcodecs):
     name = "gzip"
+    gpu_decode = True
     numcodecs_cls = numcodecs.GZip
 
 
 class Zlib(_Numcodecs):
     name = "zlib"
+    gpu_decode = True
     numcodecs_cls = numcodecs.Zlib
 
 
@@ -45,6 +48,7 @@ class LZ4(_Numcodecs):
     """numcodecs LZ4: a 4-byte little-endian decompressed size, then an LZ4 block."""
 
     name = "lz4"
+    gpu_decode = True
     numcodecs_cls = numcodecs.LZ4
 
 
@@ -69,6 +73,7 @@ class Crc32c(BytesBytesCodec):
     """Zarr v3 ``crc32c``: the data followed by its CRC32C as 4 little-endian bytes."""
 
     name = "crc32c"
+    gpu_decode = True
 
     def decode(self, data: Any) -> Any:
         view = memoryview(data).cast("B")

@@ -7,9 +7,9 @@ copied to the device in one transfer on the thread's stream, decoded by one
 batched nvCOMP call per compressor, and the array codecs (byte order,
 transpose, delta) run as CuPy kernels on the same stream.
 
-Codecs with a GPU decoder set ``gpu_decode = True`` on their class (below, at
-import of this module). :func:`gpu_unsupported` names the first codec of a
-chain that has none; the reader then decodes that array on the CPU and copies
+Codec classes that this module decodes set ``gpu_decode = True``;
+:func:`gpu_unsupported` names the first codec of a chain that cannot be
+decoded here, and the reader then decodes that array on the CPU and copies
 each block up once.
 
 Only imported on the GPU path: importing it imports cupy and nvCOMP.
@@ -25,8 +25,6 @@ from typing import Any
 import cupy
 import numpy as np
 
-from .arrays import Bytes, Delta, Transpose
-from .compressors import LZ4, Crc32c, GZip, Zlib, Zstd
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 
@@ -37,9 +35,6 @@ NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
     "zlib": ("Deflate", 2, 4),  # RFC 1950: 2-byte header, raw deflate, 4-byte adler32
     "lz4": ("LZ4", 4, 0),  # numcodecs: 4-byte little-endian decoded size, then an LZ4 block
 }
-
-for _cls in (Zstd, GZip, Zlib, LZ4, Crc32c, Bytes, Transpose, Delta):
-    _cls.gpu_decode = True
 
 _local = threading.local()
 

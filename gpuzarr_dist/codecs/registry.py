@@ -35,8 +35,6 @@ def get_codec(spec: CodecSpec, array: str) -> Codec:
     """Instantiate the codec named in ``spec``; errors name the array and the codec."""
     cls = _REGISTRY.get(spec.name)
     if cls is None:
-        if spec.name == "sharding_indexed":
-            raise UnsupportedCodecError(spec.name, array, reason="sharded arrays are not readable yet: codec")
         raise UnsupportedCodecError(spec.name, array, known_codecs())
     try:
         return cls.from_config(dict(spec.configuration))

@@ -18,6 +18,7 @@ from zarr.abc.store import Store
 
 from .base import ChunkStore
 from .local import LocalChunkStore
+from .sharded import ShardedChunkStore
 from .zarrstore import ZarrChunkStore
 from ..codecs.registry import known_codecs
 from ..errors import MetadataError, UnsupportedCodecError
@@ -134,4 +135,7 @@ def open_source(
         raise TypeError(
             f"source must be a path, URL, zarr.Array, zarr.Group or zarr store, not {type(source).__name__}"
         )
-    return cstore, spec_from_zarr_metadata(arr.metadata, cstore.array)
+    spec = spec_from_zarr_metadata(arr.metadata, cstore.array)
+    if spec.shard_shape is not None:
+        cstore = ShardedChunkStore(cstore, spec)
+    return cstore, spec

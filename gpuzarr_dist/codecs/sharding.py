@@ -1,0 +1,67 @@
+"""The index of a Zarr v3 shard (``sharding_indexed``): where each inner chunk's bytes are.
+
+The index is a ``(*chunks_per_shard, 2)`` uint64 array of (offset, nbytes)
+pairs in C order, encoded with the index codecs (``bytes`` and, usually,
+``crc32c``) and stored at the start or the end of the shard. An inner chunk
+that was never written has both entries set to 2**64 - 1.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .pipeline import CodecPipeline
+from ..errors import ChunkDecodeError, MetadataError
+from ..metadata import ArraySpec
+
+MISSING = np.uint64(2**64 - 1)
+
+
+class ShardIndex:
+    """Decodes shard indexes of one sharded array."""
+
+    def __init__(self, spec: ArraySpec):
+        per = spec.chunks_per_shard
+        index_spec = ArraySpec(
+            name=f"{spec.name} (shard index)",
+            shape=(*per, 2),
+            chunk_shape=(*per, 2),
+            dtype=np.dtype("uint64"),
+            fill_value=np.uint64(0),
+            zarr_format=3,
+            codecs=spec.shard_index_codecs,
+            key_prefix="c",
+            key_separator="/",
+            metadata_key="zarr.json",
+        )
+        self.pipeline = CodecPipeline(index_spec)
+        extra = 0
+        for codec in self.pipeline.bytes_bytes:
+            if codec.name != "crc32c":
+                raise MetadataError(
+                    f"{spec.name}: zarr.json sharding index_codecs: only bytes and crc32c are supported, got {codec.name!r}"
+                )
+            extra += 4
+        self.array = spec.name
+        self.count = math.prod(per)
+        self.nbytes = self.count * 16 + extra
+        self.at_end = spec.shard_index_location == "end"
+
+    def locate(self, shard: Any, key: str) -> np.ndarray:
+        """``(count, 2)`` offsets and sizes of the inner chunks in ``shard`` (-1 rows where absent)."""
+        view = memoryview(shard).cast("B")
+        if len(view) < self.nbytes:
+            raise ChunkDecodeError(self.array, key, f"shard of {len(view)} bytes is shorter than its {self.nbytes}-byte index")
+        raw = view[len(view) - self.nbytes :] if self.at_end else view[: self.nbytes]
+        index = self.pipeline.decode_chunk(raw, f"{key} (index)").reshape(self.count, 2)
+        missing = (index[:, 0] == MISSING) & (index[:, 1] == MISSING)
+        out = index.astype(np.int64, copy=True)
+        out[missing] = -1
+        present = ~missing
+        end = index[present, 0] + index[present, 1]
+        if end.size and (end.max() > len(view) or (index[present, 0] >= np.uint64(2**63)).any()):
+            raise ChunkDecodeError(self.array, key, "shard index points past the end of the shard")
+        return out

@@ -1,0 +1,133 @@
+"""Sharded arrays (``sharding_indexed``) written by zarr-python and tensorstore read the same
+through ``from_zarr_gpu``: index at the start or the end, inner codecs, missing inner
+chunks and missing shards, edge shards, slices; damaged shards name the shard."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs as zc
+
+import gpuzarr_dist as gz
+from conftest import assert_same, compute_checked, dev, make_data, record_chunk_reads, reference
+
+pytestmark = pytest.mark.usefixtures("device")
+
+SHAPE, SHARDS, INNER = (13, 22), (4, 10), (2, 5)
+
+
+def _write(path: str, data: np.ndarray, *, location: str = "end", compressors=None, index_crc: bool = True,
+           partial: bool = False, fill=0) -> np.ndarray:
+    codecs = [zc.BytesCodec(), *(compressors or [])]
+    index_codecs = [zc.BytesCodec()] + ([zc.Crc32cCodec()] if index_crc else [])
+    a = zarr.create_array(
+        path, shape=data.shape, dtype=data.dtype, chunks=SHARDS, fill_value=fill, compressors=None, filters=None,
+        serializer=zc.ShardingCodec(chunk_shape=INNER, codecs=codecs, index_codecs=index_codecs, index_location=location),
+    )
+    if partial:  # some inner chunks of some shards, one shard not at all
+        a[0:3, 0:7] = data[0:3, 0:7]
+        a[9:, 12:] = data[9:, 12:]
+    else:
+        a[...] = data
+    return reference(path)
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+@pytest.mark.parametrize("compressors", [None, [zc.ZstdCodec()], [zc.GzipCodec()], [zc.ZstdCodec(), zc.Crc32cCodec()]],
+                         ids=["raw", "zstd", "gzip", "zstd+crc32c"])
+@pytest.mark.parametrize("partial", [False, True], ids=["full", "partial"])
+def test_sharded_arrays_read_like_zarr_python(tmp_path, location, compressors, partial):
+    data = make_data("float32", SHAPE, seed=7)
+    path = str(tmp_path / "s.zarr")
+    expected = _write(path, data, location=location, compressors=compressors, partial=partial, fill=np.nan)
+    x = gz.from_zarr_gpu(path, device=dev())
+    assert_same(compute_checked(x), expected)
+    for sel in (np.s_[3:11, 4:19:3], np.s_[5, ::-1], np.s_[-1:, 20:]):
+        assert_same(compute_checked(x[sel]), expected[sel])
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint64", "complex64", "bool"])
+def test_sharded_dtypes_and_explicit_blocks(tmp_path, dtype):
+    data = make_data(dtype, SHAPE, seed=8)
+    path = str(tmp_path / "s.zarr")
+    expected = _write(path, data, compressors=[zc.ZstdCodec()], index_crc=False)
+    with pytest.warns(UserWarning, match="not multiples of the Zarr shard size 4"):
+        x = gz.from_zarr_gpu(path, device=dev(), chunks=(6, 10))
+    assert_same(compute_checked(x), expected)
+
+
+def test_auto_blocks_are_whole_shards(tmp_path):
+    data = make_data("int32", SHAPE, seed=9)
+    path = str(tmp_path / "s.zarr")
+    _write(path, data)
+    import dask
+
+    with dask.config.set({"gpuzarr.block-size.cpu": "200 B", "gpuzarr.block-size.gpu": "200 B"}):
+        x = gz.from_zarr_gpu(path, device=dev())
+    assert all(b % s == 0 for bs, s in zip(x.chunks, SHARDS) for b in bs[:-1])
+
+
+def test_each_shard_is_read_once_per_block(tmp_path, monkeypatch):
+    data = make_data("int32", SHAPE, seed=10)
+    path = str(tmp_path / "s.zarr")
+    expected = _write(path, data, compressors=[zc.ZstdCodec()])
+    keys = record_chunk_reads(monkeypatch)
+    x = gz.from_zarr_gpu(path, device=dev(), chunks=SHARDS)
+    assert_same(compute_checked(x), expected)
+    n_shards = int(np.prod([-(-s // c) for s, c in zip(SHAPE, SHARDS)]))
+    assert sorted(keys) == sorted(f"c/{i}/{j}" for i in range(4) for j in range(3))
+    assert len(keys) == n_shards
+
+
+def test_tensorstore_sharded_array(tmp_path):
+    ts = pytest.importorskip("tensorstore")
+    data = make_data("uint16", SHAPE, seed=11)
+    path = str(tmp_path / "ts.zarr")
+    spec = {
+        "driver": "zarr3",
+        "kvstore": {"driver": "file", "path": path},
+        "metadata": {
+            "shape": list(SHAPE),
+            "data_type": "uint16",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(SHARDS)}},
+            "codecs": [{"name": "sharding_indexed", "configuration": {
+                "chunk_shape": list(INNER),
+                "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "zstd", "configuration": {"level": 3}}],
+                "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}],
+            }}],
+        },
+        "create": True,
+    }
+    t = ts.open(spec).result()
+    t[2:11, 3:17].write(data[2:11, 3:17]).result()
+    expected = reference(path)
+    assert_same(compute_checked(gz.from_zarr_gpu(path, device=dev())), expected)
+    assert_same(expected[2:11, 3:17], data[2:11, 3:17])
+
+
+@pytest.mark.parametrize("damage", ["index-crc", "truncated", "index-past-end"])
+def test_damaged_shard_names_the_shard(tmp_path, damage):
+    data = make_data("int32", SHAPE, seed=12)
+    path = str(tmp_path / "s.zarr")
+    _write(path, data, compressors=[zc.ZstdCodec()])
+    shard = pathlib.Path(path, "c", "1", "1")
+    raw = bytearray(shard.read_bytes())
+    if damage == "index-crc":
+        raw[-6] ^= 0xFF
+    elif damage == "truncated":
+        raw = raw[:10]
+    else:  # a valid checksum over an index that points outside the shard
+        import google_crc32c
+
+        index = np.frombuffer(bytes(raw[-(16 * 4 + 4):-4]), dtype="<u8").copy()
+        index[0] = len(raw) * 10
+        body = index.tobytes()
+        raw = raw[: -(16 * 4 + 4)] + body + google_crc32c.value(body).to_bytes(4, "little")
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(gz.ChunkDecodeError) as info:
+        gz.from_zarr_gpu(path, device=dev()).compute()
+    assert "c/1/1" in str(info.value) and os.path.abspath(path) in str(info.value)

@@ -1,7 +1,9 @@
 """gpuzarr-dist: GPU-batched Zarr reading and writing for dask.
 
 ``import gpuzarr_dist`` also makes :func:`from_zarr_gpu` available as
-``dask.array.from_zarr_gpu``. Importing needs no GPU and never imports cupy.
+``dask.array.from_zarr_gpu``; :func:`open_dataset` (and xarray's
+``engine="gpuzarr"``) opens a Zarr store as an xarray Dataset whose data
+variables it reads. Importing needs no GPU and never imports cupy.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .errors import (
 )
 from .graph import from_zarr_gpu
 from .runtime.device import gpu_available, resolve_device
+from .xarray_backend import open_dataset
 
 __version__ = "0.1.0"
 
@@ -34,5 +37,6 @@ __all__ = [
     "__version__",
     "from_zarr_gpu",
     "gpu_available",
+    "open_dataset",
     "resolve_device",
 ]

@@ -329,6 +329,22 @@ def test_opening_on_cpu_does_not_import_cupy(stores):
     assert res.returncode == 0, res.stderr
 
 
+@pytest.mark.parametrize(
+    "script,args,expect",
+    [
+        ("air_temperature_anomalies.py", [], "monthly mean over the grid (K)"),
+        ("era5_climatology.py", ["--time-steps", "2"], "northern hemisphere mean anomaly"),
+    ],
+)
+def test_example_scripts_run(script, args, expect):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    r = subprocess.run([sys.executable, os.path.join(REPO, "examples", script), "--device", dev(), *args],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert expect in r.stdout and "with xarray's to_zarr; read back" in r.stdout
+    assert ("cupy chunks" if dev() == "gpu" else "numpy chunks") in r.stdout
+
+
 # --------------------------------------------------------------------------- errors
 
 

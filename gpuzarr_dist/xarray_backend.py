@@ -18,12 +18,11 @@ Two entry points, one dataset:
 
 - :func:`open_dataset` returns the data variables as plain dask arrays.
 - ``xr.open_dataset(path, engine="gpuzarr")`` builds the same dataset, but
-  xarray then wraps every variable for its own caching: ``ds[name].data`` is
-  still the gpuzarr dask array, while ``ds.chunks`` is empty until the dask
-  arrays are taken out (``ds.load()`` does that without computing them). With
-  xarray's own ``chunks=`` xarray rechunks through its generic path, which
-  computes each of its chunks separately into host memory: choose the blocks
-  with ``blocks=`` instead.
+  xarray then wraps every variable a backend returns (for its caching):
+  ``ds[name].data`` is still the gpuzarr dask array, while ``ds.chunks`` is
+  empty. xarray's own ``chunks=`` would rechunk the variables through its
+  generic path, which computes each of its chunks separately into host
+  memory (xarray issue #8810): choose the blocks with ``blocks=`` instead.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import tempfile
 import time
 
 import dask.array as da
+import numcodecs
 import numpy as np
 import pandas as pd
 import xarray as xr
@@ -60,7 +61,9 @@ def make_air_temperature_like(path: str, years: int = 2, seed: int = 0) -> None:
                "description": "Data is from NMC initialized reanalysis (4x/day). These are the 0.9950 sigma "
                               "level values.", "platform": "Model"},
     )
-    encoding = {"air": {"dtype": "int16", "scale_factor": 0.01, "_FillValue": -32767, "chunks": (730, 25, 53)}}
+    # zstd: a codec gpuzarr decodes on the GPU (xarray's default for Zarr v2, blosc, is decoded on the CPU)
+    encoding = {"air": {"dtype": "int16", "scale_factor": 0.01, "_FillValue": -32767, "chunks": (730, 25, 53),
+                        "compressors": [numcodecs.Zstd(level=3)]}}
     ds.to_zarr(path, mode="w", encoding=encoding, consolidated=True, zarr_format=2)
 
 

@@ -57,7 +57,9 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str) -> tuple[tuple[int,
         from dask.utils import parse_bytes
 
         return normalize_chunks(auto_block_shape(spec, int(parse_bytes(chunks))), spec.shape)
-    out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.chunk_shape)
+    # "auto" entries inside explicit chunks (e.g. {0: "auto"}) size by our block size, not dask's chunk-size
+    out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.read_unit,
+                           limit=config.block_size_bytes(device))
     what = "shard" if spec.shard_shape else "chunk"
     for ax, (bs, c) in enumerate(zip(out, spec.read_unit)):
         if any(b % c for b in bs[:-1]):

@@ -15,7 +15,6 @@ import warnings
 from typing import TYPE_CHECKING
 
 import cupy
-import numpy as np
 
 from .assemble import Plan
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported

@@ -34,8 +34,6 @@ from collections.abc import Hashable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 from xarray.backends import BackendEntrypoint
@@ -43,7 +41,6 @@ from xarray.backends.zarr import ZarrArrayWrapper, ZarrBackendEntrypoint
 from xarray.coding import variables as _cf
 from xarray.core import indexing
 
-from . import config
 from .errors import GpuZarrError
 from .graph import from_zarr_gpu
 from .runtime.device import resolve_device
@@ -194,8 +191,7 @@ def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any) -> xr.Dataset:
             continue
         var_blocks = _blocks_for(blocks, var.dims)
         try:
-            with dask.config.set({"array.chunk-size": config.block_size_bytes(device)}):
-                x = from_zarr_gpu(zarr_array, chunks=var_blocks, device=device)
+            x = from_zarr_gpu(zarr_array, chunks=var_blocks, device=device)
         except GpuZarrError as e:  # e.g. a codec gpuzarr cannot decode yet: xarray's reader keeps it
             warnings.warn(f"variable {name!r} is read by xarray's zarr engine instead of gpuzarr: {e}", stacklevel=3)
             continue

@@ -166,13 +166,14 @@ def run(args) -> int:
 
 def stage_times(path: str, device: str, block: str | None) -> list[str]:
     """Time the stages of one block's read on one thread, one by one (warm cache), to find the limit."""
+    from ..assemble import plan_selection
     from ..graph import from_zarr_gpu
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")
     reader = next(iter(x.dask.values())).args[0].value
     sel = tuple(slice(0, c[0]) for c in x.chunks)
     nbytes = int(np.prod([c[0] for c in x.chunks])) * x.dtype.itemsize
-    keys = [reader.spec.chunk_key(p.coords) for p in __import__("gpuzarr_dist.assemble", fromlist=["x"]).plan_selection(reader.spec, sel).parts]
+    keys = [reader.spec.chunk_key(p.coords) for p in plan_selection(reader.spec, sel).parts]
     lines = [f"stages of one block ({len(keys)} chunks, {nbytes / 1e6:.0f} MB decompressed), one thread, best of 3:"]
 
     def best(fn: Callable[[], None]) -> float:
@@ -233,8 +234,6 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
     nbytes = x.nbytes
     stages: dict[str, Callable[[tuple], None]] = {"whole block": lambda sel: reader[sel]}
     if device == "gpu":
-        import cupy
-
         from ..codecs.gpu import decode_batch_gpu
         from ..runtime.cuda import ALIGN, pinned_staging, thread_stream
 

@@ -53,3 +53,19 @@ class ChunkReadError(GpuZarrError, OSError):
         self.array = array
         self.key = key
         super().__init__(f"{array}: reading chunk {key!r} failed: {reason}")
+
+
+class ChunkEncodeError(GpuZarrError, ValueError):
+    """A chunk that failed to encode while writing (names the array, the chunk key and the codec)."""
+
+    def __init__(self, array: str, key: str, reason: str, codec: str | None = None):
+        self.array = array
+        self.key = key
+        self.codec = codec
+        self.reason = reason
+        where = f" with codec {codec!r}" if codec else ""
+        super().__init__(f"{array}: chunk {key!r} failed to encode{where}: {reason}")
+
+
+class ArrayExistsError(GpuZarrError, FileExistsError):
+    """``to_zarr_gpu`` found an array or group at the target and was not told to overwrite or resume."""

@@ -37,6 +37,12 @@ class Bytes(ArrayBytesCodec):
             arr = arr.astype(layout.dtype)
         return arr
 
+    def encode(self, data: np.ndarray) -> np.ndarray:
+        """The chunk's elements in C order with this codec's endianness, as a flat uint8 array."""
+        arr = np.asarray(data)
+        stored = arr.dtype.newbyteorder("<" if self.endian == "little" else ">")
+        return np.ascontiguousarray(arr, dtype=stored).reshape(-1).view(np.uint8)
+
 
 class Transpose(ArrayArrayCodec):
     """Zarr v3 ``transpose``: encoded = array.transpose(order)."""
@@ -57,6 +63,9 @@ class Transpose(ArrayArrayCodec):
 
     def decode(self, data: np.ndarray, layout: ChunkLayout) -> np.ndarray:
         return data.transpose(np.argsort(self.order))
+
+    def encode(self, data: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(data.transpose(self.order))
 
 
 class Delta(ArrayArrayCodec):

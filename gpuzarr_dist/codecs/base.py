@@ -75,6 +75,10 @@ class BytesBytesCodec(Codec):
     def decode(self, data: Any) -> Any:
         """Decode one chunk's buffer into a buffer (bytes-like or 1-d uint8 array)."""
 
+    def encode(self, data: Any) -> Any:
+        """Encode one chunk's buffer (the write side); codecs that gpuzarr does not write leave this out."""
+        raise NotImplementedError(f"codec {self.name!r}: writing (encode) is not supported")
+
 
 class ArrayBytesCodec(Codec):
     kind: ClassVar[Kind] = "array_bytes"
@@ -83,6 +87,10 @@ class ArrayBytesCodec(Codec):
     def decode(self, data: Any, layout: ChunkLayout) -> np.ndarray:
         """Decode one chunk's buffer into an array of ``layout``."""
 
+    def encode(self, data: np.ndarray) -> Any:
+        """Encode one chunk (an array of the chunk's layout) into a buffer (the write side)."""
+        raise NotImplementedError(f"codec {self.name!r}: writing (encode) is not supported")
+
 
 class ArrayArrayCodec(Codec):
     kind: ClassVar[Kind] = "array_array"
@@ -90,3 +98,7 @@ class ArrayArrayCodec(Codec):
     @abstractmethod
     def decode(self, data: np.ndarray, layout: ChunkLayout) -> np.ndarray:
         """Undo this codec: ``data`` has the encoded layout, the result has ``layout``."""
+
+    def encode(self, data: np.ndarray) -> np.ndarray:
+        """Apply this codec to one chunk (the write side)."""
+        raise NotImplementedError(f"codec {self.name!r}: writing (encode) is not supported")

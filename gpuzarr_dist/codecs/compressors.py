@@ -25,11 +25,28 @@ class _Numcodecs(BytesBytesCodec):
     def decode(self, data: Any) -> Any:
         return self._codec.decode(data)
 
+    def encode(self, data: Any) -> Any:
+        """Compress one chunk's bytes with the configured level (numcodecs releases the GIL)."""
+        enc = self.__dict__.get("_encoder")
+        if enc is None:
+            enc = self._encoder = self.numcodecs_cls(**self.encode_options())
+        return enc.encode(data)
+
+    def encode_options(self) -> dict:
+        """numcodecs constructor arguments from the metadata configuration."""
+        return {k: v for k, v in self.config.items() if k == "level" and v is not None}
+
 
 class Zstd(_Numcodecs):
     name = "zstd"
     gpu_decode = True
     numcodecs_cls = numcodecs.Zstd
+
+    def encode_options(self) -> dict:
+        opts = super().encode_options()
+        if self.config.get("checksum"):
+            opts["checksum"] = True
+        return opts
 
 
 class GZip(_Numcodecs):
@@ -84,4 +101,8 @@ class Crc32c(BytesBytesCodec):
         if actual != stored:
             raise ValueError(f"crc32c mismatch: stored {stored:#010x}, computed {actual:#010x}")
         return body
+
+    def encode(self, data: Any) -> Any:
+        body = memoryview(data).cast("B")
+        return bytes(body) + google_crc32c.value(bytes(body)).to_bytes(4, "little")
 

@@ -4,6 +4,10 @@
 of its block. On the CPU it runs each chunk's chain on a thread pool (the
 numcodecs decoders release the GIL); the GPU path decodes stage by stage, one
 batched nvCOMP call per stage (:mod:`.gpu`).
+
+The write side is the same chain run forwards: :meth:`CodecPipeline.encode_batch`
+encodes all chunks of a block in one call (CPU thread pool here; the GPU
+batch encoder is :mod:`.gpu_encode`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 
 from .base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
 from .registry import get_codec
-from ..errors import ChunkDecodeError, MetadataError
+from ..errors import ChunkDecodeError, ChunkEncodeError, MetadataError
 from ..metadata import ArraySpec
 
 
@@ -94,3 +98,27 @@ class CodecPipeline:
         else:
             out = list(pool.map(one, range(len(buffers))))
         return None if sink is not None else out  # type: ignore[return-value]
+
+    # -- the write side ------------------------------------------------------------
+    def encode_chunk(self, chunk: np.ndarray, key: str) -> bytes:
+        """Encode one chunk (an array of the chunk's shape and dtype) into its stored bytes, on the CPU."""
+        codec = None
+        try:
+            data: Any = chunk
+            for codec in self.array_array:
+                data = codec.encode(data)
+            codec = self.array_bytes
+            data = codec.encode(data)
+            for codec in self.bytes_bytes:
+                data = codec.encode(data)
+        except NotImplementedError:
+            raise
+        except Exception as e:  # any encoder failure is reported against its chunk
+            raise ChunkEncodeError(self.array, key, f"{type(e).__name__}: {e}", codec.name if codec else None) from e
+        return data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))
+
+    def encode_batch(self, chunks: Sequence[np.ndarray], keys: Sequence[str], pool: Executor) -> list[bytes]:
+        """Encode all ``chunks`` on the CPU, spread over ``pool``; the stored bytes in order."""
+        if len(chunks) <= 1:
+            return [self.encode_chunk(c, k) for c, k in zip(chunks, keys)]
+        return list(pool.map(self.encode_chunk, chunks, keys))

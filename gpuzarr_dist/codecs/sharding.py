@@ -65,3 +65,28 @@ class ShardIndex:
         if end.size and (end.max() > len(view) or (index[present, 0] >= np.uint64(2**63)).any()):
             raise ChunkDecodeError(self.array, key, "shard index points past the end of the shard")
         return out
+
+    # -- the write side ------------------------------------------------------------
+    def build(self, chunks: "list[Any]", key: str) -> bytes:
+        """One shard's stored bytes: the encoded inner chunks (C order of their grid positions,
+        ``None`` for absent ones) laid end to end, and the encoded index at the start or the end.
+
+        Offsets in the index count from the start of the shard, so with the
+        index first every offset is shifted by the index's length.
+        """
+        if len(chunks) != self.count:
+            raise ValueError(f"{self.array}: shard {key!r} needs {self.count} inner chunks, got {len(chunks)}")
+        index = np.full((self.count, 2), MISSING, dtype=np.uint64)
+        pos = self.nbytes if not self.at_end else 0
+        parts = []
+        for i, c in enumerate(chunks):
+            if c is None:
+                continue
+            n = memoryview(c).nbytes
+            index[i] = (pos, n)
+            parts.append(c)
+            pos += n
+        encoded = self.pipeline.encode_chunk(index.reshape(self.pipeline.layouts[0].shape), f"{key} (index)")
+        if len(encoded) != self.nbytes:  # pragma: no cover - bytes + crc32c only, so the size is fixed
+            raise ValueError(f"{self.array}: shard index of {key!r} encoded to {len(encoded)} bytes, not {self.nbytes}")
+        return b"".join([*parts, encoded] if self.at_end else [encoded, *parts])

@@ -69,3 +69,12 @@ class ChunkEncodeError(GpuZarrError, ValueError):
 
 class ArrayExistsError(GpuZarrError, FileExistsError):
     """``to_zarr_gpu`` found an array or group at the target and was not told to overwrite or resume."""
+
+
+class ChunkWriteError(GpuZarrError, OSError):
+    """Writing a stored object (chunk or shard) to the store failed."""
+
+    def __init__(self, array: str, key: str, reason: str):
+        self.array = array
+        self.key = key
+        super().__init__(f"{array}: writing {key!r} failed: {reason}")

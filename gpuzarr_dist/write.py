@@ -1,0 +1,567 @@
+"""``to_zarr_gpu``: write a dask array (cupy or numpy chunks) as a standard Zarr v3 array.
+
+The flow of :mod:`gpuzarr_dist.graph` backwards. zarr-python writes the
+metadata (``zarr.json``), before any data, from our codec list; then each dask
+block is one task that computes the block (fused by dask with whatever
+produced it, e.g. ``from_zarr_gpu(a) - m``), cuts it into Zarr chunks, encodes
+all of them in **one batch call** (nvCOMP on the GPU for cupy blocks,
+numcodecs on a thread pool for numpy blocks), builds shards where asked and
+writes every object atomically (:mod:`gpuzarr_dist.stores.writer`). Each task
+returns the number of bytes it stored, so no task ever holds the whole array.
+
+Blocks must be whole multiples of the stored object (the shard, or the chunk)
+so that no two tasks write the same object; misaligned blocks are rechunked
+to the smallest such multiple, with a warning that says how large a block
+(and so a task's memory) becomes.
+
+:func:`write_array_graph` holds the array-level logic (metadata in, graph
+out) so that an ``xr.Dataset`` writer can call it once per variable with its
+own codecs, fill value, attributes and dimension names.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import dask
+import dask.array as da
+import numpy as np
+import zarr
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.utils import format_bytes
+
+from .codecs.pipeline import CodecPipeline
+from .errors import ArrayExistsError, MetadataError
+from .metadata import ArraySpec, spec_from_zarr_metadata
+from .stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
+
+#: chunks=None: a dask block up to this size becomes one Zarr chunk; larger blocks are split
+MAX_CHUNK_FROM_BLOCK = 16 * 2**20
+#: chunks=None and a larger block: Zarr chunks of about this size (many per block: one big nvCOMP batch)
+SPLIT_CHUNK_BYTES = 4 * 2**20
+#: shards=... and chunks=None: inner chunks of about this size. nvCOMP zstd decodes 50-55 GB/s on one
+#: H200 for 64 KiB - 1 MiB chunks in large batches (shared GPU notes); 1 MiB keeps the index small.
+INNER_CHUNK_BYTES = 2**20
+
+CODECS = ("zstd", "gzip", "none")
+DEFAULT_LEVELS = {"zstd": 0, "gzip": 5}  # zstd level 0 means zstd's default (3); gzip 5 as zarr-python
+
+
+# --------------------------------------------------------------------------- layout
+
+
+def _divisors_at_most(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` that is at most ``limit`` (at least 1)."""
+    best = 1
+    for d in range(1, int(math.isqrt(n)) + 1):
+        if n % d == 0:
+            for c in (d, n // d):
+                if best < c <= limit:
+                    best = c
+    return best
+
+
+def split_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int, ...]:
+    """A shape that divides ``shape`` exactly, about ``target`` bytes or less.
+
+    Axes shrink from the first (slowest varying) on, each to its largest
+    divisor that brings the size under ``target`` (down to 1 before the next
+    axis shrinks), so chunks stay contiguous along the fast axes.
+    """
+    out = [max(1, s) for s in shape]
+    for ax in range(len(out)):
+        size = math.prod(out) * itemsize
+        if size <= target:
+            break
+        rest = size // out[ax]
+        out[ax] = _divisors_at_most(out[ax], max(1, target // max(rest, 1)))
+    return tuple(out)
+
+
+def _block_shape(x: da.Array) -> tuple[int, ...]:
+    return tuple(max(c) if c else 0 for c in x.chunks)
+
+
+def _as_shape(value: Any, ndim: int, what: str, array_shape: tuple[int, ...]) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,) * ndim
+    shape = tuple(value)
+    if len(shape) != ndim:
+        raise ValueError(f"{what}={value!r} has {len(shape)} entries, the array has {ndim} dimensions")
+    out = []
+    for s, n in zip(shape, array_shape):
+        if s is None or s == -1:
+            s = max(n, 1)
+        if not isinstance(s, (int, np.integer)) or s < 1:
+            raise ValueError(f"{what}={value!r}: every entry must be a positive whole number (or -1/None: the whole axis)")
+        out.append(int(s))
+    return tuple(out)
+
+
+def plan_layout(x: da.Array, chunks: Any, shards: Any) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """``(chunk_shape, shard_shape or None)`` for writing ``x``; see :func:`to_zarr_gpu` for the rules."""
+    item = x.dtype.itemsize
+    block = tuple(max(b, 1) for b in _block_shape(x))
+    shard = None
+    if shards is not None and shards is not False:
+        shard = block if shards is True or shards == "auto" else _as_shape(shards, x.ndim, "shards", x.shape)
+    if chunks is not None:
+        chunk = _as_shape(chunks, x.ndim, "chunks", x.shape)
+    elif shard is not None:
+        chunk = split_shape(shard, item, INNER_CHUNK_BYTES)
+    elif math.prod(block) * item <= MAX_CHUNK_FROM_BLOCK:
+        chunk = block
+    else:
+        chunk = split_shape(block, item, SPLIT_CHUNK_BYTES)
+    if shard is not None and any(s % c for s, c in zip(shard, chunk)):
+        raise ValueError(f"shards {shard} must be whole multiples of the chunks {chunk}")
+    return chunk, shard
+
+
+def align_blocks(x: da.Array, unit: tuple[int, ...], name: str) -> da.Array:
+    """``x`` with blocks that are whole multiples of ``unit`` (the last block of an axis may be shorter).
+
+    Each misaligned axis is rechunked to the smallest multiple of ``unit``
+    that holds its largest block, with a warning giving the block size.
+    """
+    new = []
+    changed = False
+    for ax, (c, u) in enumerate(zip(x.chunks, unit)):
+        if all(b % u == 0 for b in c[:-1]):
+            new.append(c)
+            continue
+        changed = True
+        size = max(u, -(-max(c) // u) * u)
+        n = x.shape[ax]
+        new.append(tuple(min(size, n - i) for i in range(0, n, size)) or (0,))
+    if not changed:
+        return x
+    before = math.prod(_block_shape(x)) * x.dtype.itemsize
+    y = x.rechunk(tuple(new))
+    after = math.prod(_block_shape(y)) * x.dtype.itemsize
+    warnings.warn(
+        f"{name}: dask blocks {_block_shape(x)} are not whole multiples of the stored "
+        f"{'shard' if unit else 'chunk'} shape {unit}; rechunking to blocks of {_block_shape(y)} "
+        f"({format_bytes(after)} per block, was {format_bytes(before)}): each write task holds one such "
+        "block, and the rechunk moves data between tasks. Pass chunks=/shards= that divide the blocks to avoid it.",
+        stacklevel=4,
+    )
+    return y
+
+
+# --------------------------------------------------------------------------- targets
+
+
+@dataclass
+class _Target:
+    store: Any  # a zarr-python store (for the metadata)
+    path: str  # the array's path inside it
+    name: str  # for messages (no credentials)
+    local_root: str | None  # the store's folder on a local disk, or None
+
+    def writer(self, array: str) -> ObjectWriter:
+        if self.local_root is not None:
+            return LocalObjectWriter(os.path.join(self.local_root, *[p for p in self.path.split("/") if p]), array)
+        return ZarrStoreWriter(self.store, self.path, array)
+
+
+def _join(*parts: str | None) -> str:
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def _open_target(target: Any, component: str | None, storage_options: dict | None) -> _Target:
+    from zarr.abc.store import Store
+
+    if component and any(p in ("..", ".") for p in component.split("/")):
+        raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
+    if isinstance(target, os.PathLike):
+        target = os.fspath(target)
+    if isinstance(target, str):
+        url = urlparse(target)
+        if url.scheme in ("", "file"):
+            root = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else target))
+            store = zarr.storage.LocalStore(root)
+            return _Target(store, _join(component), _join(root, component) if component else root, root)
+        store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
+        shown = f"{url.scheme}://{url.hostname or ''}{url.path}"  # no credentials from the URL
+        return _Target(store, _join(component), f"{shown.rstrip('/')}/{component}" if component else shown, None)
+    if isinstance(target, zarr.Group):
+        if not component:
+            raise ValueError("to_zarr_gpu into a zarr.Group needs component= naming the new array")
+        target, component = target.store, _join(target.path, component)
+    if isinstance(target, Store):
+        root = str(target.root) if isinstance(target, zarr.storage.LocalStore) else None
+        name = f"{target}/{component}" if component else str(target)
+        return _Target(target, _join(component), name, root)
+    raise TypeError(f"target must be a path, URL, zarr.Group or zarr store, not {type(target).__name__}")
+
+
+def _codec_objects(codec: str, level: int | None, crc32c: bool) -> list[Any]:
+    import zarr.codecs as zc
+
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
+    level = DEFAULT_LEVELS.get(codec) if level is None else int(level)
+    out: list[Any] = []
+    if codec == "zstd":
+        out.append(zc.ZstdCodec(level=level))
+    elif codec == "gzip":
+        out.append(zc.GzipCodec(level=level))
+    if crc32c:
+        out.append(zc.Crc32cCodec())
+    return out
+
+
+def _existing(target: _Target) -> Any:
+    """The array or group at the target, or None."""
+    try:
+        return zarr.open(store=target.store, path=target.path, mode="r")
+    except (FileNotFoundError, KeyError):
+        return None
+    except Exception as e:  # zarr-python's own "not found" errors
+        if "NotFound" in type(e).__name__:
+            return None
+        raise
+
+
+def _comparable(meta: Any) -> dict:
+    d = dict(meta.to_dict())
+    d.pop("attributes", None)
+    return d
+
+
+def create_metadata(
+    target: _Target,
+    *,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    chunk: tuple[int, ...],
+    shard: tuple[int, ...] | None,
+    compressors: list[Any],
+    fill_value: Any,
+    attributes: dict | None,
+    dimension_names: Any,
+    overwrite: bool,
+    resume: bool,
+) -> zarr.Array:
+    """Write (or, with ``resume``, check) the array's ``zarr.json`` through zarr-python; return the array."""
+    kwargs = dict(
+        shape=shape,
+        dtype=dtype,
+        chunks=chunk,
+        shards=shard,
+        filters=None,
+        compressors=compressors or None,
+        serializer="auto",
+        zarr_format=3,
+        attributes=attributes,
+        dimension_names=dimension_names,
+        **({} if fill_value is None else {"fill_value": fill_value}),
+    )
+    existing = None if overwrite else _existing(target)
+    if existing is not None:
+        if not resume or not isinstance(existing, zarr.Array):
+            kind = "array" if isinstance(existing, zarr.Array) else "group"
+            hint = "overwrite=True replaces it" + (", resume=True completes an interrupted write of the same array"
+                                                   if kind == "array" else "")
+            raise ArrayExistsError(f"{target.name}: a Zarr {kind} exists there already ({hint})")
+        wanted = zarr.create_array(zarr.storage.MemoryStore(), **kwargs)
+        a, b = _comparable(existing.metadata), _comparable(wanted.metadata)
+        if a != b:
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise MetadataError(
+                f"{target.name}: resume=True, but the array there differs from the one to write in zarr.json "
+                f"field(s) {diff}: existing {[a.get(k) for k in diff]}, wanted {[b.get(k) for k in diff]}"
+            )
+        return existing
+    return zarr.create_array(target.store, name=target.path or None, overwrite=overwrite, **kwargs)
+
+
+# --------------------------------------------------------------------------- the task
+
+
+def chunk_grid(block: Any, chunk: tuple[int, ...], fill: Any, xp: Any) -> Any:
+    """The chunks of ``block`` as one contiguous ``(n, *chunk)`` array, in C order of their grid positions.
+
+    Edge chunks are padded with ``fill`` to the full chunk shape (Zarr stores
+    edge chunks whole). Works for numpy and cupy (one copy kernel on the GPU).
+    """
+    grid = [-(-b // c) for b, c in zip(block.shape, chunk)]
+    full = tuple(g * c for g, c in zip(grid, chunk))
+    if full != tuple(block.shape):
+        padded = xp.full(full, fill, dtype=block.dtype)
+        padded[tuple(slice(0, b) for b in block.shape)] = block
+        block = padded
+    nd = len(chunk)
+    tiles = block.reshape([v for g, c in zip(grid, chunk) for v in (g, c)])
+    tiles = tiles.transpose(list(range(0, 2 * nd, 2)) + list(range(1, 2 * nd, 2)))
+    return xp.ascontiguousarray(tiles).reshape((math.prod(grid), *chunk))
+
+
+def _is_cupy(block: Any) -> bool:
+    return type(block).__module__.split(".")[0] == "cupy"
+
+
+class BlockWriter:
+    """The write task: encode all chunks of one block in one batch and store them (or their shards).
+
+    Picklable and GPU-free until called: holds the array spec, the object
+    writer and the block offsets; the codec pipeline is built lazily.
+    """
+
+    def __init__(self, spec: ArraySpec, writer: ObjectWriter, chunks: tuple[tuple[int, ...], ...], device: str):
+        self.spec = spec
+        self.writer = writer
+        self.offsets = tuple(tuple(int(v) for v in np.cumsum((0,) + c)[:-1]) for c in chunks)
+        self.device = device  # "auto" (follow the block's type), "cpu" or "gpu"
+        self._pipeline: CodecPipeline | None = None
+        self._index: Any = None
+        CodecPipeline(spec)  # fail in the client on a chain we cannot encode
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pipeline": None, "_index": None}
+
+    def __repr__(self) -> str:
+        return f"BlockWriter({self.spec.name!r})"
+
+    @property
+    def pipeline(self) -> CodecPipeline:
+        if self._pipeline is None:
+            self._pipeline = CodecPipeline(self.spec)
+        return self._pipeline
+
+    @property
+    def index(self) -> Any:
+        if self._index is None:
+            from .codecs.sharding import ShardIndex
+
+            self._index = ShardIndex(self.spec)
+        return self._index
+
+    def __call__(self, block: Any, block_id: tuple[int, ...] | None = None) -> np.ndarray:
+        start = tuple(o[i] for o, i in zip(self.offsets, block_id or (0,) * len(self.offsets)))
+        n = self.write(block, start)
+        return np.full((1,) * len(start), n, dtype=np.int64)
+
+    # -- one block -------------------------------------------------------------------
+    def write(self, block: Any, start: tuple[int, ...]) -> int:
+        """Encode and store the block whose first element is at ``start``; the bytes stored."""
+        spec = self.spec
+        if any(s == 0 for s in block.shape):
+            return 0
+        gpu = self.device == "gpu" or (self.device == "auto" and _is_cupy(block))
+        if gpu:
+            from .write_gpu import encode_block_gpu
+
+            encoded, first, grid = encode_block_gpu(self, block, start)
+        else:
+            if _is_cupy(block):
+                block = block.get()
+            block = np.asarray(block)
+            encoded, first, grid = self._encode_cpu(block, start)
+        return self._store(encoded, first, grid)
+
+    def _chunk_layout(self, shape: tuple[int, ...], start: tuple[int, ...]) -> tuple[tuple[int, ...], list[int], list[tuple[int, ...]]]:
+        """Grid coordinates of the block's first chunk, its chunk grid, and every chunk's coordinates."""
+        chunk = self.spec.chunk_shape
+        first = tuple(s // c for s, c in zip(start, chunk))
+        grid = [-(-b // c) for b, c in zip(shape, chunk)]
+        coords = [tuple(f + i for f, i in zip(first, idx)) for idx in np.ndindex(*grid)]
+        return first, grid, coords
+
+    def _encode_cpu(self, block: np.ndarray, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
+        from .runtime.threads import decode_pool
+
+        spec = self.spec
+        if block.dtype != spec.dtype and block.dtype.newbyteorder("=") != spec.dtype:
+            block = block.astype(spec.dtype)
+        first, grid, coords = self._chunk_layout(block.shape, start)
+        chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, np)
+        keys = [spec.chunk_key(c) for c in coords]
+        return self.pipeline.encode_batch(list(chunks), keys, decode_pool()), first, grid
+
+    def _store(self, encoded: list[Any], first: tuple[int, ...], grid: list[int]) -> int:
+        """Write the encoded chunks of a block: as chunk objects, or gathered into shards with their index."""
+        spec = self.spec
+        if spec.shard_shape is None:
+            keys = [spec.store_key(tuple(f + i for f, i in zip(first, idx))) for idx in np.ndindex(*grid)]
+            return self.writer.put_many(list(zip(keys, encoded)))
+        per = spec.chunks_per_shard
+        full_grid = spec.grid_shape
+        shard_first = tuple(f // p for f, p in zip(first, per))
+        shard_grid = [-(-g // p) for g, p in zip(grid, per)]
+        items = []
+        for sidx in np.ndindex(*shard_grid):
+            scoords = tuple(s + i for s, i in zip(shard_first, sidx))
+            parts: list[Any] = []
+            for inner in np.ndindex(*per):
+                g = tuple(sc * p + i for sc, p, i in zip(scoords, per, inner))
+                local = tuple(gc - f for gc, f in zip(g, first))
+                if any(gc >= n for gc, n in zip(g, full_grid)) or any(lc >= n for lc, n in zip(local, grid)):
+                    parts.append(None)  # outside the array: absent in the index, read as the fill value
+                else:
+                    parts.append(encoded[int(np.ravel_multi_index(local, grid))] if grid else encoded[0])
+            key = spec.store_key(scoords)
+            items.append((key, self.index.build(parts, key)))
+        return self.writer.put_many(items)
+
+
+def _total(*parts: Any) -> np.ndarray:
+    return np.asarray(sum(int(np.sum(p)) for p in parts), dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- graph
+
+
+def write_array_graph(
+    x: da.Array,
+    arr: zarr.Array,
+    target: _Target,
+    *,
+    device: str = "auto",
+    resume: bool = False,
+) -> da.Array:
+    """The write graph of ``x`` into the existing Zarr array ``arr``: a 0-d dask array of the bytes stored.
+
+    One task per (aligned) block: compute, encode in one batch, write. With
+    ``resume``, blocks whose stored objects all exist already are left out.
+    """
+    spec = spec_from_zarr_metadata(arr.metadata, target.name)
+    if tuple(x.shape) != spec.shape:
+        raise ValueError(f"{target.name}: array shape {spec.shape} differs from the data's {tuple(x.shape)}")
+    unit = spec.read_unit
+    x = align_blocks(x, unit, target.name)
+    writer = BlockWriter(spec, target.writer(target.name), x.chunks, device)
+    name = "to-zarr-gpu-" + tokenize(x.name, spec, target.name, device)
+    meta = np.empty((0,) * x.ndim, dtype=np.int64)
+    written = da.map_blocks(writer, x, dtype=np.int64, chunks=tuple((1,) * len(c) for c in x.chunks), name=name,
+                            meta=meta)
+    keys = list(np.ndindex(*x.numblocks)) if x.ndim else [()]
+    if resume:
+        keys = [k for k in keys if not all(writer.writer.existing(_block_objects(spec, x.chunks, k)))]
+    from dask._task_spec import Task, TaskRef
+
+    final = "to-zarr-gpu-done-" + tokenize(name, keys)
+    layer = {(final,): Task((final,), _total, *(TaskRef((name, *k)) for k in keys))}
+    graph = HighLevelGraph.from_collections(final, layer, dependencies=[written])
+    return da.Array(graph, final, chunks=(), dtype=np.int64, meta=np.empty((), dtype=np.int64))
+
+
+def _block_objects(spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], block: tuple[int, ...]) -> list[str]:
+    """Store keys of the objects (chunks or shards) block ``block`` writes."""
+    unit = spec.read_unit
+    ranges = []
+    for ax, i in enumerate(block):
+        lo = sum(chunks[ax][:i])
+        hi = lo + chunks[ax][i]
+        ranges.append(range(lo // unit[ax], -(-hi // unit[ax])))
+    import itertools
+
+    return [spec.store_key(c) for c in itertools.product(*ranges)]
+
+
+def to_zarr_gpu(
+    x: Any,
+    target: Any,
+    component: str | None = None,
+    *,
+    codec: str = "zstd",
+    level: int | None = None,
+    chunks: Any = None,
+    shards: Any = None,
+    overwrite: bool = False,
+    compute: bool = True,
+    storage_options: dict | None = None,
+    crc32c: bool = False,
+    resume: bool = False,
+    device: str = "auto",
+    fill_value: Any = None,
+    attributes: dict | None = None,
+    dimension_names: Any = None,
+) -> Any:
+    """Write ``x`` as a Zarr v3 array that zarr-python and tensorstore read unchanged.
+
+    Each dask block is one task that computes it, encodes all its chunks in
+    one batch (nvCOMP on the GPU for cupy blocks, numcodecs threads for numpy
+    blocks) and writes each chunk or shard atomically. Metadata is written
+    first, through zarr-python.
+
+    Parameters
+    ----------
+    x
+        A dask array with cupy or numpy chunks (other arrays go through ``da.asarray``).
+    target
+        A local path or ``file://`` URL, a remote URL (``s3://...``, through fsspec with
+        ``storage_options``), a zarr store, or a ``zarr.Group`` (with ``component``).
+    component
+        The array's path inside the store or group (parent groups are created).
+    codec
+        ``"zstd"`` (default), ``"gzip"`` or ``"none"``.
+    level
+        Compression level for CPU encoding, recorded in the metadata. Default:
+        zstd's own default (metadata level 0, i.e. 3), gzip 5. nvCOMP's zstd
+        encoder on the GPU takes no level.
+    chunks
+        The Zarr chunk shape (inner chunks when sharded). Default: the dask
+        block shape when a block is at most 16 MiB, else that block split into
+        chunks of at most about 4 MiB that divide it; with ``shards``, inner
+        chunks of at most about 1 MiB dividing the shard.
+    shards
+        ``None`` (not sharded), a shard shape, or ``True``/``"auto"``: one shard
+        per dask block. The shard index (bytes + crc32c, at the end) is written
+        by gpuzarr-dist.
+    overwrite
+        Replace whatever is at the target. Without it (and without ``resume``)
+        an existing array or group raises :class:`~gpuzarr_dist.errors.ArrayExistsError`.
+    compute
+        ``True``: write now and return the ``zarr.Array``. ``False``: write the
+        metadata now and return a 0-d dask array whose ``compute()`` writes
+        the data and gives the bytes stored.
+    storage_options
+        For URLs: passed to fsspec (e.g. ``endpoint_url``, ``key``, ``secret``).
+    crc32c
+        Add a crc32c checksum codec after the compressor.
+    resume
+        Complete an interrupted write: the array at the target must have the
+        metadata this call would write (else :class:`MetadataError` naming the
+        fields); blocks whose objects all exist already are skipped, the others
+        rewritten. Objects are written atomically, so an existing one is whole.
+    device
+        ``"auto"`` (GPU encode for cupy blocks, CPU for numpy), ``"cpu"`` or ``"gpu"``.
+    fill_value, attributes, dimension_names
+        Passed to zarr-python's ``create_array`` (for the xarray writer).
+    """
+    from .runtime.device import resolve_device
+
+    if device not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
+    if device == "gpu":
+        resolve_device("gpu")
+    if overwrite and resume:
+        raise ValueError("overwrite=True and resume=True contradict each other: pick one")
+    if not isinstance(x, da.Array):
+        x = da.asarray(x)
+    dtype = np.dtype(x.dtype)
+    if dtype.hasobject or dtype.kind not in "biufc":
+        raise TypeError(f"to_zarr_gpu writes numeric and bool arrays, not {dtype}")
+    if dask.config.get("array.query-planning", None):
+        warnings.warn("dask's array query planning is on: it does not fuse blockwise layers, so each block's "
+                      "compute and write run as separate tasks", stacklevel=2)
+    t = _open_target(target, component, storage_options)
+    chunk, shard = plan_layout(x, chunks, shards)
+    arr = create_metadata(
+        t, shape=tuple(x.shape), dtype=dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype,
+        chunk=chunk, shard=shard, compressors=_codec_objects(codec, level, crc32c), fill_value=fill_value,
+        attributes=attributes, dimension_names=dimension_names, overwrite=overwrite, resume=resume,
+    )
+    result = write_array_graph(x, arr, t, device=device, resume=resume)
+    if not compute:
+        return result
+    result.compute()
+    return zarr.open_array(store=t.store, path=t.path, mode="r")

@@ -113,6 +113,8 @@ def plan_layout(x: da.Array, chunks: Any, shards: Any) -> tuple[tuple[int, ...],
         shard = block if shards is True or shards == "auto" else _as_shape(shards, x.ndim, "shards", x.shape)
     if chunks is not None:
         chunk = _as_shape(chunks, x.ndim, "chunks", x.shape)
+        if shards is True or shards == "auto":  # one shard per block: the block rounded up to whole chunks
+            shard = tuple(-(-s // c) * c for s, c in zip(shard, chunk))
     elif shard is not None:
         chunk = split_shape(shard, item, INNER_CHUNK_BYTES)
     elif math.prod(block) * item <= MAX_CHUNK_FROM_BLOCK:

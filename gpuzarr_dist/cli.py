@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
     read.add_argument("--block-size", metavar="SIZE", action="append",
                       help="block size for our rows, e.g. '256 MiB' (repeat for more rows; default: the config)")
+    write = bench_sub.add_parser("write", help="write throughput of to_zarr_gpu against zarr-python and dask.array.to_zarr")
+    write.add_argument("--quick", action="store_true", help="a small array, one repeat (runs on the CPU in seconds)")
+    write.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the ERA5-like array")
+    write.add_argument("--block-steps", metavar="N", type=_positive_int, help="time steps per dask block (default 64)")
+    write.add_argument("--path", metavar="DIR", help="folder for the written stores (default: the system's temporary folder)")
+    write.add_argument("--out", metavar="DIR", help="folder for the result tables")
+    write.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    write.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     return parser
 

@@ -174,3 +174,21 @@ def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
+
+
+def test_bench_write_quick(tmp_path, capsys):
+    """``bench write --quick`` runs on the CPU: every tool's row, the ratio each achieved, the JSON, a read-back check."""
+    code, out, err = run_cli(capsys, "bench", "write", "--quick", "--device", "cpu", "--time-steps", "2",
+                             "--block-steps", "1", "--out", str(tmp_path / "res"), "--path", str(tmp_path))
+    assert code == 0, err
+    assert "read back by zarr-python: identical" in out
+    with open(tmp_path / "res" / "bench-write.json") as f:
+        result = json.load(f)
+    rows = {r["name"]: r for r in result["rows"]}
+    assert {"gpuzarr-dist to_zarr_gpu", "zarr-python a[:] = data (numcodecs zstd)"} <= set(rows)
+    assert any(name.startswith("dask.array.to_zarr") for name in rows)
+    assert all(r["gbps"] > 0 and r["extra"]["ratio"] > 1 for r in rows.values())
+    # on the CPU both write numcodecs zstd at its default level into the same chunks: the same bytes
+    assert rows["gpuzarr-dist to_zarr_gpu"]["extra"]["ratio"] == pytest.approx(
+        rows["zarr-python a[:] = data (numcodecs zstd)"]["extra"]["ratio"])
+    assert result["meta"]["nbytes"] == 2 * 721 * 1440 * 4

@@ -10,4 +10,8 @@ def main(args) -> int:
         from .read import run
 
         return run(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read")
+    if name == "write":
+        from .write import run as run_write
+
+        return run_write(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write")

@@ -1,0 +1,151 @@
+"""``gpuzarr-dist bench write``: writing an ERA5-like array through ``to_zarr_gpu`` and, in the same run
+on the same data, through zarr-python (numcodecs zstd) and ``dask.array.to_zarr``.
+
+The data is made once and held in memory (on the GPU as cupy blocks when the
+device is the GPU, in host memory otherwise), so each row times the write
+alone: chunking, compression and files written into the page cache of the
+output folder. Every row writes zstd at its default level, chunks of one time
+step (1, 721, 1440); the table gives GB/s of uncompressed data and the
+compression ratio each tool achieved.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .files import chunk_files
+from .report import Row, format_table, save
+
+OURS = "gpuzarr-dist to_zarr_gpu"
+CHUNK = (1, 721, 1440)
+
+
+def _stored(path: str) -> int:
+    return sum(os.path.getsize(p) for p in chunk_files(path))
+
+
+def _data(steps: int) -> np.ndarray:
+    from ..demo import _Field, _slabs
+
+    return np.concatenate(list(_slabs(_Field(seed=0), steps)))
+
+
+def _sync(device: str) -> None:
+    if device == "gpu":
+        import cupy
+
+        cupy.cuda.runtime.deviceSynchronize()
+
+
+def run(args) -> int:
+    """Entry point of ``gpuzarr-dist bench write``; returns the exit status."""
+    import dask
+    import dask.array as da
+    import zarr
+    import zarr.codecs as zc
+
+    from ..runtime.device import gpu_status, resolve_device
+    from ..write import to_zarr_gpu
+
+    device = resolve_device(getattr(args, "device", "auto") or "auto")
+    quick = bool(getattr(args, "quick", False))
+    threads = int(getattr(args, "threads", None) or min(16, os.cpu_count() or 1))
+    steps = getattr(args, "time_steps", None) or (8 if quick else (600 if device == "gpu" else 48))
+    block_steps = int(getattr(args, "block_steps", None) or (4 if quick else 64))
+    repeat = 1 if quick else 3
+    out_dir = getattr(args, "out", None) or "bench-results"
+    tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-write-", dir=getattr(args, "path", None))
+    data = _data(steps)
+    nbytes = data.nbytes
+    print(f"array: float32 {data.shape}, chunks {CHUNK}, dask blocks of {block_steps} steps; "
+          f"{nbytes / 1e9:.2f} GB uncompressed, in {'GPU' if device == 'gpu' else 'host'} memory")
+    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; output under {tmp.name}; {platform.node()}")
+
+    x = da.from_array(data, chunks=(block_steps, *CHUNK[1:]))
+    if device == "gpu":
+        import cupy
+
+        x = x.map_blocks(cupy.asarray)
+    with dask.config.set(scheduler="threads", num_workers=threads):
+        x = x.persist()
+    _sync(device)
+
+    def target(name: str) -> str:
+        path = os.path.join(tmp.name, name)
+        shutil.rmtree(path, ignore_errors=True)
+        return path
+
+    def ours(shards: bool) -> Callable[[], str]:
+        def go() -> str:
+            path = target("ours-sharded.zarr" if shards else "ours.zarr")
+            with dask.config.set(scheduler="threads", num_workers=threads):
+                to_zarr_gpu(x, path, chunks=None if shards else CHUNK, shards=True if shards else None)
+            return path
+
+        return go
+
+    def zarr_python() -> str:
+        path = target("zarr-python.zarr")
+        a = zarr.create_array(path, shape=data.shape, chunks=CHUNK, dtype=data.dtype,
+                              compressors=[zc.ZstdCodec(level=0)])
+        a[...] = data
+        return path
+
+    def dask_to_zarr() -> str:
+        path = target("dask.zarr")
+        a = zarr.create_array(path, shape=data.shape, chunks=CHUNK, dtype=data.dtype,
+                              compressors=[zc.ZstdCodec(level=0)])
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            da.to_zarr(da.from_array(data, chunks=(block_steps, *CHUNK[1:])), a)
+        return path
+
+    candidates: list[tuple[str, Callable[[], str]]] = [
+        (OURS, ours(False)),
+        ("gpuzarr-dist, shards=True", ours(True)),
+        ("zarr-python a[:] = data (numcodecs zstd)", zarr_python),
+        (f"dask.array.to_zarr, {threads} threads", dask_to_zarr),
+    ]
+    rows: list[Row] = []
+    ratios: dict[str, float] = {}
+    for name, fn in candidates:
+        fn()  # warm-up: imports, CUDA context, nvCOMP handles, thread pools
+        times, path = [], ""
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            path = fn()
+            times.append(time.perf_counter() - t0)
+        ratio = nbytes / _stored(path)
+        ratios[name] = ratio
+        rows.append(Row(name, "warm", statistics.median(times), nbytes, note=f"compression ratio {ratio:.3f}",
+                        extra={"ratio": ratio}))
+        if name != OURS:
+            shutil.rmtree(path, ignore_errors=True)
+    print(format_table(rows, OURS))
+    ours_row = rows[0]
+    zp = next(r for r in rows if r.name.startswith("zarr-python"))
+    cpu_ratio = ratios[zp.name]
+    print(f"targets: {ours_row.gbps:.2f} GB/s (target 5); {ours_row.gbps / zp.gbps:.1f}x zarr-python (target 4x); "
+          f"compression ratio {ratios[OURS]:.3f} vs CPU zstd {cpu_ratio:.3f} "
+          f"({(ratios[OURS] / cpu_ratio - 1) * 100:+.1f}%, target within 5%)")
+    check = _read_back(os.path.join(tmp.name, "ours.zarr"), data)
+    print(f"read back by zarr-python: {'identical' if check else 'DIFFERENT'}")
+    meta = {"device": device, "threads": threads, "time_steps": steps, "block_steps": block_steps,
+            "nbytes": nbytes, "host": platform.node(), "quick": quick, "read_back_identical": check}
+    written = save(rows, out_dir, "bench-write", f"write float32 {data.shape}, zstd, {device}", meta)
+    print("saved:", ", ".join(written))
+    tmp.cleanup()
+    return 0 if check else 1
+
+
+def _read_back(path: str, data: np.ndarray) -> bool:
+    import zarr
+
+    return bool(np.array_equal(zarr.open_array(path, mode="r")[...], data))

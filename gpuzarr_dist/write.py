@@ -306,6 +306,13 @@ def chunk_grid(block: Any, chunk: tuple[int, ...], fill: Any, xp: Any) -> Any:
     return xp.ascontiguousarray(tiles).reshape((math.prod(grid), *chunk))
 
 
+def _gpu_encode_usable() -> bool:
+    """Whether nvCOMP is there to encode cupy blocks (else they are copied to the host and encoded there)."""
+    from .runtime.device import gpu_available
+
+    return gpu_available()
+
+
 def _is_cupy(block: Any) -> bool:
     return type(block).__module__.split(".")[0] == "cupy"
 
@@ -357,7 +364,7 @@ class BlockWriter:
         spec = self.spec
         if any(s == 0 for s in block.shape):
             return 0
-        gpu = self.device == "gpu" or (self.device == "auto" and _is_cupy(block))
+        gpu = self.device == "gpu" or (self.device == "auto" and _is_cupy(block) and _gpu_encode_usable())
         if gpu:
             from .write_gpu import encode_block_gpu
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import cupy
 
 from .codecs.gpu_encode import encode_batch_gpu, gpu_encode_unsupported
+from .errors import ChunkEncodeError
 from .runtime.cuda import thread_stream
 
 if TYPE_CHECKING:
@@ -33,8 +34,8 @@ def _warn_cpu_fallback(codec: str, array: str) -> None:
             return
         _warned.add(codec)
     warnings.warn(
-        f"{array}: codec {codec!r} has no GPU encoder; blocks are copied to the host and encoded on the CPU "
-        "(warned once per codec)",
+        f"{array}: codec {codec} cannot be encoded on the GPU; blocks are copied to the host and encoded on "
+        "the CPU (warned once per codec)",
         RuntimeWarning,
         stacklevel=4,
     )
@@ -51,7 +52,7 @@ def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) 
         current.synchronize()
     unsupported = gpu_encode_unsupported(writer.pipeline)
     if unsupported is not None:
-        _warn_cpu_fallback(unsupported, spec.name)
+        _warn_cpu_fallback(repr(unsupported), spec.name)
         host = cupy.asnumpy(cupy.asarray(block), stream=stream)
         stream.synchronize()
         return writer._encode_cpu(host, start)
@@ -61,4 +62,10 @@ def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) 
     first, grid, coords = writer._chunk_layout(tuple(block.shape), start)
     chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, cupy)
     keys = [spec.chunk_key(c) for c in coords]
-    return encode_batch_gpu(writer.pipeline, chunks, keys, stream), first, grid
+    try:
+        return encode_batch_gpu(writer.pipeline, chunks, keys, stream), first, grid
+    except ChunkEncodeError as e:  # nvCOMP refused the batch: the CPU encoders give the same format
+        _warn_cpu_fallback(f"{e.codec} ({e.reason})", spec.name)
+        host = cupy.asnumpy(block, stream=stream)
+        stream.synchronize()
+        return writer._encode_cpu(host, start)

@@ -126,7 +126,7 @@ def plan_layout(x: da.Array, chunks: Any, shards: Any) -> tuple[tuple[int, ...],
     return chunk, shard
 
 
-def align_blocks(x: da.Array, unit: tuple[int, ...], name: str) -> da.Array:
+def align_blocks(x: da.Array, unit: tuple[int, ...], name: str, what: str = "chunk") -> da.Array:
     """``x`` with blocks that are whole multiples of ``unit`` (the last block of an axis may be shorter).
 
     Each misaligned axis is rechunked to the smallest multiple of ``unit``
@@ -149,7 +149,7 @@ def align_blocks(x: da.Array, unit: tuple[int, ...], name: str) -> da.Array:
     after = math.prod(_block_shape(y)) * x.dtype.itemsize
     warnings.warn(
         f"{name}: dask blocks {_block_shape(x)} are not whole multiples of the stored "
-        f"{'shard' if unit else 'chunk'} shape {unit}; rechunking to blocks of {_block_shape(y)} "
+        f"{what} shape {unit}; rechunking to blocks of {_block_shape(y)} "
         f"({format_bytes(after)} per block, was {format_bytes(before)}): each write task holds one such "
         "block, and the rechunk moves data between tasks. Pass chunks=/shards= that divide the blocks to avoid it.",
         stacklevel=4,
@@ -445,7 +445,7 @@ def write_array_graph(
     if tuple(x.shape) != spec.shape:
         raise ValueError(f"{target.name}: array shape {spec.shape} differs from the data's {tuple(x.shape)}")
     unit = spec.read_unit
-    x = align_blocks(x, unit, target.name)
+    x = align_blocks(x, unit, target.name, "shard" if spec.shard_shape else "chunk")
     writer = BlockWriter(spec, target.writer(target.name), x.chunks, device)
     name = "to-zarr-gpu-" + tokenize(x.name, spec, target.name, device)
     meta = np.empty((0,) * x.ndim, dtype=np.int64)

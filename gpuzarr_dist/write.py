@@ -21,6 +21,7 @@ own codecs, fill value, attributes and dimension names.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import warnings
@@ -32,6 +33,7 @@ import dask
 import dask.array as da
 import numpy as np
 import zarr
+from dask._task_spec import Task, TaskRef
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import format_bytes
@@ -361,7 +363,6 @@ class BlockWriter:
     # -- one block -------------------------------------------------------------------
     def write(self, block: Any, start: tuple[int, ...]) -> int:
         """Encode and store the block whose first element is at ``start``; the bytes stored."""
-        spec = self.spec
         if any(s == 0 for s in block.shape):
             return 0
         gpu = self.device == "gpu" or (self.device == "auto" and _is_cupy(block) and _gpu_encode_usable())
@@ -454,8 +455,6 @@ def write_array_graph(
     keys = list(np.ndindex(*x.numblocks)) if x.ndim else [()]
     if resume:
         keys = [k for k in keys if not all(writer.writer.existing(_block_objects(spec, x.chunks, k)))]
-    from dask._task_spec import Task, TaskRef
-
     final = "to-zarr-gpu-done-" + tokenize(name, keys)
     layer = {(final,): Task((final,), _total, *(TaskRef((name, *k)) for k in keys))}
     graph = HighLevelGraph.from_collections(final, layer, dependencies=[written])
@@ -470,8 +469,6 @@ def _block_objects(spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], block: 
         lo = sum(chunks[ax][:i])
         hi = lo + chunks[ax][i]
         ranges.append(range(lo // unit[ax], -(-hi // unit[ax])))
-    import itertools
-
     return [spec.store_key(c) for c in itertools.product(*ranges)]
 
 

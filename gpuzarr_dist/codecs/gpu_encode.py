@@ -30,7 +30,6 @@ from typing import Any
 
 import cupy
 import google_crc32c
-import numpy as np
 
 from .pipeline import CodecPipeline
 from ..errors import ChunkEncodeError

@@ -12,7 +12,10 @@ import dask.array as _da
 
 from . import config  # noqa: F401  (registers the gpuzarr.* config defaults)
 from .errors import (
+    ArrayExistsError,
     ChunkDecodeError,
+    ChunkEncodeError,
+    ChunkWriteError,
     ChunkReadError,
     DeviceUnavailableError,
     GpuZarrError,
@@ -29,7 +32,10 @@ __version__ = "0.1.0"
 _da.from_zarr_gpu = from_zarr_gpu
 
 __all__ = [
+    "ArrayExistsError",
     "ChunkDecodeError",
+    "ChunkEncodeError",
+    "ChunkWriteError",
     "ChunkReadError",
     "DeviceUnavailableError",
     "GpuZarrError",

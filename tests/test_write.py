@@ -434,3 +434,15 @@ def test_graph_pickles_and_runs_in_another_process(tmp_path):
         with dask.config.set(pool=pool, scheduler="processes"):
             lazy.compute()
     check_both(path, data)
+
+
+def test_encode_failure_names_array_and_chunk(tmp_path, monkeypatch):
+    from gpuzarr_dist.codecs.compressors import Zstd
+
+    def broken(self, data):
+        raise MemoryError("out of memory in the encoder")
+
+    monkeypatch.setattr(Zstd, "encode", broken)
+    path = str(tmp_path / "out.zarr")
+    with pytest.raises(gz.ChunkEncodeError, match=r"out.zarr: chunk 'c/0/0' failed to encode with codec 'zstd'.*out of memory"):
+        gz.to_zarr_gpu(da.zeros((4, 4), chunks=4), path)

@@ -140,7 +140,8 @@ def encode_batch_gpu(
             res = codec.encode(nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n))
             stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
             parts = [cupy.asarray(res[i]).view(cupy.uint8).reshape(-1) for i in range(n)]
-            sizes = [int(res[i].buffer_size) for i in range(n)]
+            sizes = [int(v) for v in res.buffer_sizes] if hasattr(res, "buffer_sizes") else \
+                [int(res[i].buffer_size) for i in range(n)]
         except (RuntimeError, ValueError, MemoryError) as e:
             raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
                                    f"nvCOMP: {e}", compressor) from e

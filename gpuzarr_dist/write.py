@@ -501,7 +501,10 @@ def to_zarr_gpu(
     Parameters
     ----------
     x
-        A dask array with cupy or numpy chunks (other arrays go through ``da.asarray``).
+        A dask array with cupy or numpy chunks (other arrays go through ``da.asarray``), or an
+        ``xr.Dataset``: then ``component`` is the group, ``chunks``/``shards`` may be
+        ``{dim: size}`` mappings, and the data variables are CF-encoded as xarray would
+        (see :func:`gpuzarr_dist.xarray_write.dataset_to_zarr_gpu`).
     target
         A local path or ``file://`` URL, a remote URL (``s3://...``, through fsspec with
         ``storage_options``), a zarr store, or a ``zarr.Group`` (with ``component``).
@@ -545,6 +548,15 @@ def to_zarr_gpu(
     """
     from .runtime.device import resolve_device
 
+    if type(x).__name__ == "Dataset" and type(x).__module__.startswith("xarray"):
+        from .xarray_write import dataset_to_zarr_gpu  # the Dataset writer builds on this module
+
+        if resume or fill_value is not None or attributes is not None or dimension_names is not None:
+            raise TypeError("resume, fill_value, attributes and dimension_names apply to arrays, not to a Dataset "
+                            "(xarray writes a Dataset's attributes and fill values from its encoding)")
+        return dataset_to_zarr_gpu(x, target, component, codec=codec, level=level, chunks=chunks, shards=shards,
+                                   overwrite=overwrite, compute=compute, storage_options=storage_options,
+                                   crc32c=crc32c, device=device)
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
     if device == "gpu":

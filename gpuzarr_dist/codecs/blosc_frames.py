@@ -246,6 +246,11 @@ def plan_frames(
             why = (f"blosc stream states {c} compressed bytes for {neblock[k]} decoded bytes"
                    if c <= 0 or c > neblock[k] else f"blosc stream of {c} bytes runs past the end of the frame")
             raise ChunkDecodeError(array, keys[chunk[k]], why, "blosc")
+        short = np.flatnonzero((codes[act] == 3) & (cs < neblock[act]) & (cs <= 6))
+        if short.size:
+            k = act[short[0]]
+            raise ChunkDecodeError(array, keys[chunk[k]], f"blosc zlib stream of {cs[short[0]]} bytes is shorter "
+                                   "than a zlib header and checksum", "blosc")
         p_src[act, s] = at
         p_csize[act, s] = cs
         cur[act] = at + cs
@@ -364,24 +369,29 @@ def _lz4_block_decode(src: bytes, n: int) -> bytes:
     return bytes(numcodecs.LZ4().decode(n.to_bytes(4, "little") + src))
 
 
-def decode_plan_cpu(plan: BloscPlan, host: np.ndarray, in_total: int | None = None) -> np.ndarray:
-    """Run ``plan`` on the CPU with the GPU path's layout and arithmetic: the reference executor.
+def working_buffer(plan: BloscPlan, pl: Placement, host: np.ndarray, in_total: int) -> np.ndarray:
+    """The working buffer as the device holds it after the upload: the input frames, then zeros."""
+    buf = np.zeros(pl.total, np.uint8)
+    buf[:in_total] = host[:in_total]
+    return buf
 
-    Returns ``n * stride`` bytes (chunk i at ``i * stride``). Pieces are
-    gathered as the device gathers them and decoded with CPU libraries (LZ4
-    block through numcodecs, raw deflate through zlib, zstd through
-    numcodecs), then every block is unshuffled with :func:`unshuffle_sources`
-    and :func:`bit_unshuffle_block`. Used by the tests to prove the plan
-    against numcodecs; not a fast path.
+
+def gather_cpu(pl: Placement, buf: np.ndarray) -> None:
+    """Copy every compressed stream to its aligned start (the gather kernel's work)."""
+    for gs, gd, gl in zip(pl.gather_src, pl.gather_dst, pl.gather_len):
+        buf[gd : gd + gl] = buf[gs : gs + gl]
+
+
+def decode_pieces_cpu(plan: BloscPlan, pl: Placement, buf: np.ndarray) -> None:
+    """Decode every gathered stream into its slot with CPU libraries (nvCOMP's work on the device).
+
+    The inputs are what nvCOMP is given: a raw LZ4 block (decoded through
+    numcodecs' LZ4 with its size prefix added), raw deflate (zlib's header
+    and checksum already cut off), a zstd frame.
     """
     import numcodecs
 
-    in_total = int(host.size) if in_total is None else in_total
-    pl = place(plan, in_total)
-    buf = np.zeros(pl.total, np.uint8)
-    buf[:in_total] = host[:in_total]
-    for gs, gd, gl in zip(pl.gather_src, pl.gather_dst, pl.gather_len):
-        buf[gd : gd + gl] = buf[gs : gs + gl]
+    zstd = numcodecs.Zstd()
     comp = np.flatnonzero(plan.piece_codec != RAW)
     for j, p in enumerate(comp):
         data = buf[pl.gather_dst[j] : pl.gather_dst[j] + pl.gather_len[j]].tobytes()
@@ -392,10 +402,14 @@ def decode_plan_cpu(plan: BloscPlan, host: np.ndarray, in_total: int | None = No
         elif code == 3:
             out = zlib.decompressobj(-15).decompress(data)
         else:
-            out = bytes(numcodecs.Zstd().decode(data))
+            out = bytes(zstd.decode(data))
         if len(out) != n:
             raise ValueError(f"piece {p} decoded to {len(out)} bytes, expected {n}")
         buf[pl.decode_at[p] : pl.decode_at[p] + n] = np.frombuffer(out, np.uint8)
+
+
+def unshuffle_cpu(plan: BloscPlan, pl: Placement, buf: np.ndarray) -> np.ndarray:
+    """Every block of the output from the decoded streams (the unshuffle kernel's work, vectorised)."""
     result = np.zeros(plan.n * plan.stride, np.uint8)
     for b in range(plan.nblocks):
         dst, size = int(plan.block_dst[b]), int(plan.block_size[b])
@@ -404,3 +418,20 @@ def decode_plan_cpu(plan: BloscPlan, host: np.ndarray, in_total: int | None = No
         else:
             result[dst : dst + size] = buf[unshuffle_sources(plan, pl.piece_at, b)]
     return result
+
+
+def decode_plan_cpu(plan: BloscPlan, host: np.ndarray, in_total: int | None = None) -> np.ndarray:
+    """Run ``plan`` on the CPU with the GPU path's layout and arithmetic: the reference executor.
+
+    Returns ``n * stride`` bytes (chunk i at ``i * stride``): the steps of
+    :mod:`.gpu_blosc` (upload, gather, decode, unshuffle) done by
+    :func:`working_buffer`, :func:`gather_cpu`, :func:`decode_pieces_cpu` and
+    :func:`unshuffle_cpu`. Used by the tests to prove the plan against
+    numcodecs; not a fast path.
+    """
+    in_total = int(host.size) if in_total is None else in_total
+    pl = place(plan, in_total)
+    buf = working_buffer(plan, pl, host, in_total)
+    gather_cpu(pl, buf)
+    decode_pieces_cpu(plan, pl, buf)
+    return unshuffle_cpu(plan, pl, buf)

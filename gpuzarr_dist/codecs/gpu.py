@@ -331,7 +331,7 @@ def decode_batch_gpu(
     if _is_blosc(pipeline):  # frames taken apart on the host, streams decoded in one call per codec
         from .gpu_blosc import decode_blosc_batch
 
-        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, keys, expected, stride, stream)
+        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)

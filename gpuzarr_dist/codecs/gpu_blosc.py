@@ -40,6 +40,9 @@ from .gpu import _cpu_diagnose, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_co
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 
+#: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
+MAX_STREAM = 1 << 24
+
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -66,6 +69,7 @@ def decode_blosc_batch(
     host: np.ndarray,
     offsets: Sequence[int],
     sizes: Sequence[int],
+    stored_sizes: Sequence[int],
     keys: Sequence[str],
     expected: int,
     stride: int,
@@ -73,9 +77,12 @@ def decode_blosc_batch(
 ) -> cupy.ndarray | None:
     """Decode the Blosc frames of a batch into a device buffer, chunk ``i`` at ``i * stride``.
 
-    Returns ``None`` where the batch must be decoded on the CPU instead
-    (frames of a compressor without a GPU decoder, zstd streams that state no
-    size). Raises :class:`ChunkDecodeError` naming the chunk for malformed frames.
+    ``sizes`` are the frames' sizes, ``stored_sizes`` the chunks' (with outer
+    checksums, for decoding a failed chunk again on the CPU to name what is
+    wrong). Returns ``None`` where the batch must be decoded on the CPU
+    instead (frames of a compressor without a GPU decoder, streams nvCOMP
+    cannot take or bound). Raises :class:`ChunkDecodeError` naming the chunk
+    for malformed frames.
     """
     from nvidia import nvcomp
 
@@ -84,6 +91,8 @@ def decode_blosc_batch(
     if plan.unsupported:
         _warn_cpu(array, plan.unsupported)
         return None
+    if plan.npieces and int(plan.piece_dsize.max()) > MAX_STREAM:
+        return None  # larger than nvCOMP's batched decoders take (blosc blocks forced that large)
     n = len(keys)
     out = cupy.empty(max(n * stride, 1), dtype=cupy.uint8)
     if plan.nblocks == 0:
@@ -105,7 +114,7 @@ def decode_blosc_batch(
         gsrc, gdst, glen, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart = views
         if comp.size:
             _kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
-            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, sizes, keys, stream, nvcomp):
+            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream, nvcomp):
                 stream.synchronize()
                 return None
         _kernel("blosc_unshuffle", UNSHUFFLE_SRC)(

@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     read.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
     read.add_argument("--block-size", metavar="SIZE", action="append",
                       help="block size for our rows, e.g. '256 MiB' (repeat for more rows; default: the config)")
+    read.add_argument("--codec", choices=("zstd", "blosc", "both"), default="both",
+                      help="stored array: Zarr v3 zstd, Zarr v2 with the default Blosc(lz4, shuffle), or both (default)")
     write = bench_sub.add_parser("write", help="write throughput of to_zarr_gpu against zarr-python and dask.array.to_zarr")
     write.add_argument("--quick", action="store_true", help="a small array, one repeat (runs on the CPU in seconds)")
     write.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the ERA5-like array")
@@ -176,6 +178,11 @@ def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
             continue
         kind = codec.kind.replace("_", "->")
         gpu = "GPU decode: yes" if codec.gpu_decode else "GPU decode: no (decoded on the CPU)"
+        if codec.name == "blosc":  # the inner compressor decides (blosclz and snappy have no GPU decoder)
+            from .codecs.blosc_frames import GPU_CNAMES
+
+            if codec.config.get("cname", "lz4") not in GPU_CNAMES:
+                gpu = "GPU decode: no (decoded on the CPU)"
         rows.append((c.name, config, kind, gpu))
     return rows, notes
 

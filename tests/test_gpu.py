@@ -91,15 +91,15 @@ def test_each_thread_has_its_own_stream(era5ish):
 def test_codec_without_gpu_decoder_falls_back_once_with_warning(tmp_path):
     data = make_data("int16", (40, 30), seed=3)
     path = str(tmp_path / "blosc.zarr")
-    write_array(path, data, (10, 10), zarr_format=2, compressors=numcodecs.Blosc(cname="zstd", shuffle=2))
+    write_array(path, data, (10, 10), zarr_format=2, compressors=numcodecs.Blosc(cname="blosclz", shuffle=2))
     from gpuzarr_dist import reader_gpu
 
-    reader_gpu._warned.discard("blosc")
+    reader_gpu._warned.discard("blosc (blosclz)")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = gz.from_zarr_gpu(path, device="gpu", chunks=(10, 30)).compute()
     msgs = [str(w.message) for w in caught if "no GPU decoder" in str(w.message)]
-    assert len(msgs) == 1 and "'blosc'" in msgs[0]
+    assert len(msgs) == 1 and "'blosc (blosclz)'" in msgs[0]
     np.testing.assert_array_equal(got.get(), zarr.open_array(path, mode="r")[...])
 
 

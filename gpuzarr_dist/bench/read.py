@@ -73,14 +73,14 @@ def _dask_from_zarr(path: str, threads: int) -> Callable[[], None]:
     return run
 
 
-def _tensorstore(path: str) -> Callable[[], None] | None:
+def _tensorstore(path: str, driver: str = "zarr3") -> Callable[[], None] | None:
     try:
         import tensorstore as ts
     except ImportError:
         return None
 
     def run() -> None:
-        t = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, open=True).result()
+        t = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": path}}, open=True).result()
         float(t.read().result().mean(axis=0)[0, 0])
 
     return run
@@ -101,7 +101,7 @@ def _time(fn: Callable[[], None], repeat: int, files: list[str] | None) -> float
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench read``; returns the exit status."""
     from ..demo import make_era5_like
-    from ..runtime.device import gpu_status, resolve_device
+    from ..runtime.device import resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -115,11 +115,58 @@ def run(args) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-")
         path = os.path.join(tmp.name, "era5.zarr")
     make_era5_like(path, steps)
+    codecs = {"both": ["zstd", "blosc"]}.get(getattr(args, "codec", None) or "both", [getattr(args, "codec", None)])
+    for codec in codecs:
+        array_path = path
+        if codec == "blosc":
+            full = os.path.abspath(path)  # the Blosc copy sits next to the zstd store
+            array_path = os.path.join(os.path.dirname(full), os.path.basename(full).removesuffix(".zarr") + "-blosc.zarr")
+            _blosc_copy(path, array_path, steps)
+        _run_one(array_path, codec, device, threads, steps, repeat, quick, out_dir, args)
+        print()
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+#: how each benchmark array is stored, and the file stem of its results
+CODECS = {
+    "zstd": ("Zarr v3, zstd level 0", "bench-read"),
+    "blosc": ("Zarr v2, Blosc(cname='lz4', clevel=5, shuffle=SHUFFLE), zarr-python's format-2 default", "bench-read-blosc"),
+}
+
+
+def _blosc_copy(src: str, dst: str, steps: int) -> None:
+    """The ERA5-like array again as Zarr format 2 with the default Blosc compressor (kept and reused)."""
+    import numcodecs
+    import zarr
+
+    try:
+        old = zarr.open_array(dst, mode="r")
+        if old.shape[0] == steps and old.attrs.get("complete"):
+            return
+    except Exception:  # absent or unreadable: write it
+        pass
+    a = zarr.open_array(src, mode="r")
+    b = zarr.create_array(dst, shape=a.shape, chunks=a.chunks, dtype=a.dtype, zarr_format=2, overwrite=True,
+                          compressors=numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE),
+                          fill_value=float("nan"))
+    for t in range(0, steps, 8):
+        b[t : t + 8] = a[t : t + 8]
+    b.attrs["complete"] = True
+
+
+def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repeat: int, quick: bool,
+             out_dir: str, args) -> None:
+    """All rows for one stored array: the file-read ceiling, ours, and the alternatives, warm and cold."""
+    from ..runtime.device import gpu_status
+
     files = chunk_files(path)
     compressed = sum(os.path.getsize(p) for p in files)
     nbytes = steps * 721 * 1440 * 4
     ratio = nbytes / compressed
-    print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), zstd level 0; "
+    how, stem = CODECS[codec]
+    print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}")
 
@@ -130,7 +177,7 @@ def run(args) -> int:
         ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
         ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
         (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),
-        ("tensorstore read().mean(0)", _tensorstore(path)),
+        ("tensorstore read().mean(0)", _tensorstore(path, "zarr" if codec == "blosc" else "zarr3")),
     ]
     rows: list[Row] = []
     for cache in ("warm", "cold"):
@@ -156,12 +203,9 @@ def run(args) -> int:
     for line in stage_times(path, device, blocks[0]) + thread_scaling(path, device, blocks[0]):
         print(line)
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
-            "nbytes": nbytes, "host": platform.node(), "quick": quick}
-    written = save(rows, out_dir, "bench-read", f"time mean of float32 ({steps}, 721, 1440), zstd, {device}", meta)
+            "nbytes": nbytes, "host": platform.node(), "quick": quick, "codec": codec}
+    written = save(rows, out_dir, stem, f"time mean of float32 ({steps}, 721, 1440), {codec}, {device}", meta)
     print("saved:", ", ".join(written))
-    if tmp is not None:
-        tmp.cleanup()
-    return 0
 
 
 def stage_times(path: str, device: str, block: str | None) -> list[str]:

@@ -73,6 +73,7 @@ class Blosc(_Numcodecs):
     """Blosc1 frames; the frame header says how it was shuffled and compressed."""
 
     name = "blosc"
+    gpu_decode = True  # lz4, lz4hc, zlib, zstd frames (codecs/gpu_blosc.py); blosclz and snappy fall back
     numcodecs_cls = numcodecs.Blosc
 
     def decode(self, data: Any) -> Any:

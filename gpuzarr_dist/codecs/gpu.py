@@ -57,13 +57,24 @@ def gpu_unsupported(pipeline: CodecPipeline) -> str | None:
         return "crc32c (inside a compressor)"
     if len(inner) > 1:
         return f"{inner[0].name} (more than one compressor)"
+    if inner and inner[0].name == "blosc":
+        from .blosc_frames import GPU_CNAMES
+
+        cname = inner[0].config.get("cname", "lz4")
+        if cname not in GPU_CNAMES:  # blosclz, snappy: no GPU decoder
+            return f"blosc ({cname})"
     return None
 
 
 def framing_lead(pipeline: CodecPipeline) -> int:
     """Bytes of framing before the compressed payload of a stored chunk (aligns the payload)."""
     inner = _strip_outer_crc(pipeline.bytes_bytes)
-    return NVCOMP_FRAMING[inner[0].name][1] if inner else 0
+    return NVCOMP_FRAMING.get(inner[0].name, ("", 0, 0))[1] if inner else 0
+
+
+def _is_blosc(pipeline: CodecPipeline) -> bool:
+    inner = _strip_outer_crc(pipeline.bytes_bytes)
+    return bool(inner) and inner[0].name == "blosc"
 
 
 def _strip_outer_crc(bytes_bytes: Sequence[Any]) -> list[Any]:
@@ -317,6 +328,13 @@ def decode_batch_gpu(
     layout = pipeline.layouts[-1]
     expected = layout.nbytes
     stride = align(max(expected, 1))
+    if _is_blosc(pipeline):  # frames taken apart on the host, streams decoded in one call per codec
+        from .gpu_blosc import decode_blosc_batch
+
+        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
+        if blosc_out is None:
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)
     total = max(o + s for o, s in zip(offsets, sizes))
     dev = cupy.empty(total, dtype=cupy.uint8)
     dev.set(host[:total], stream=stream)

@@ -1,0 +1,183 @@
+"""Blosc1 frames decoded on the GPU: all streams of all chunks of a batch in one nvCOMP call per inner codec.
+
+The host parses and checks the frames (:mod:`.blosc_frames`) into a plan; the
+device then runs it on the caller's stream:
+
+1. one upload of the stored frames (and one of the plan's tables) into a
+   working buffer;
+2. one gather kernel copies every compressed stream to a 256-byte aligned
+   start after the frames (zlib streams without their 2-byte header and
+   adler32, so nvCOMP's Deflate reads them; nvCOMP crashed on unaligned
+   sub-buffers);
+3. the streams are checked where nvCOMP trusts them (LZ4 sequences walked,
+   zstd frame headers read) and decoded, one batched call per inner codec
+   (lz4 and lz4hc: LZ4 block format; zlib: Deflate; zstd: Zstd), each into its
+   own aligned slot;
+4. one kernel writes every block of the output: byte-unshuffle, bit-unshuffle
+   or a copy, reading each byte from the decoded slot (or, for streams and
+   frames stored raw, from the stored bytes) with the arithmetic of
+   :func:`.blosc_frames.unshuffle_sources` and
+   :func:`.blosc_frames.bit_unshuffle_block`.
+
+Frames compressed with blosclz or snappy have no GPU decoder: such a batch is
+decoded on the CPU (warned once per compressor).
+
+Only imported on the GPU path: importing it imports cupy.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Sequence
+
+import cupy
+import numpy as np
+
+from . import blosc_frames as bf
+from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
+from .gpu import _cpu_diagnose, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
+from .pipeline import CodecPipeline
+from ..errors import ChunkDecodeError
+
+#: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
+MAX_STREAM = 1 << 24
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_cpu(array: str, compressor: str) -> None:
+    with _warned_lock:
+        if compressor in _warned:
+            return
+        _warned.add(compressor)
+    warnings.warn(
+        f"{array}: blosc frames compressed with {compressor!r} have no GPU decoder; such chunks are "
+        "decoded on the CPU and copied to the GPU once per block (warned once per compressor)",
+        RuntimeWarning,
+        stacklevel=5,
+    )
+
+
+def _grid(n: int) -> tuple[int]:
+    return (max(1, min(n, 1 << 20)),)
+
+
+def decode_blosc_batch(
+    pipeline: CodecPipeline,
+    host: np.ndarray,
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    stored_sizes: Sequence[int],
+    keys: Sequence[str],
+    expected: int,
+    stride: int,
+    stream: cupy.cuda.Stream,
+) -> cupy.ndarray | None:
+    """Decode the Blosc frames of a batch into a device buffer, chunk ``i`` at ``i * stride``.
+
+    ``sizes`` are the frames' sizes, ``stored_sizes`` the chunks' (with outer
+    checksums, for decoding a failed chunk again on the CPU to name what is
+    wrong). Returns ``None`` where the batch must be decoded on the CPU
+    instead (frames of a compressor without a GPU decoder, streams nvCOMP
+    cannot take or bound). Raises :class:`ChunkDecodeError` naming the chunk
+    for malformed frames.
+    """
+    from nvidia import nvcomp
+
+    array = pipeline.array
+    plan = bf.plan_frames(array, host, offsets, sizes, keys, expected, stride)
+    if plan.unsupported:
+        _warn_cpu(array, plan.unsupported)
+        return None
+    if plan.npieces and int(plan.piece_dsize.max()) > MAX_STREAM:
+        return None  # larger than nvCOMP's batched decoders take (blosc blocks forced that large)
+    n = len(keys)
+    out = cupy.empty(max(n * stride, 1), dtype=cupy.uint8)
+    if plan.nblocks == 0:
+        return out
+    in_total = max(int(o) + int(s) for o, s in zip(offsets, sizes))
+    pl = bf.place(plan, in_total)
+    comp = np.flatnonzero(plan.piece_codec != bf.RAW)
+    seg_block, seg_start = segments(plan.block_size)
+    tables = [pl.gather_src, pl.gather_dst, pl.gather_len, pl.piece_at, plan.block_dst, plan.block_size,
+              plan.block_piece0, plan.block_neblock, plan.block_typesize, plan.block_mode, seg_block, seg_start]
+    with stream:
+        work = cupy.empty(pl.total, dtype=cupy.uint8)
+        work[:in_total].set(host[:in_total], stream=stream)
+        packed = cupy.asarray(np.concatenate([np.asarray(t, dtype=np.int64) for t in tables]))
+        views, at = [], 0
+        for t in tables:
+            views.append(packed[at : at + len(t)])
+            at += len(t)
+        gsrc, gdst, glen, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart = views
+        if comp.size:
+            _kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
+            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream, nvcomp):
+                stream.synchronize()
+                return None
+        _kernel("blosc_unshuffle", UNSHUFFLE_SRC)(
+            _grid(len(seg_block)), (256,),
+            (work, out, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart,
+             np.int64(len(seg_block)), np.int64(SEGMENT)),
+        )
+        stream.synchronize()  # ``work`` and the tables are freed on return
+    return out
+
+
+def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placement, comp: np.ndarray,
+                    work: cupy.ndarray, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                    keys: Sequence[str], stream: cupy.cuda.Stream, nvcomp) -> bool:
+    """Check, then decode the gathered streams: one batched nvCOMP call per inner codec.
+
+    Returns ``False`` where the batch must go to the CPU (a zstd stream that
+    states no decoded size, which nvCOMP cannot bound; c-blosc always states it).
+    """
+    array = pipeline.array
+    codes = plan.piece_codec[comp]
+    for code, algorithm in bf.GPU_FORMATS.items():
+        sel = np.flatnonzero(codes == code)
+        if sel.size == 0:
+            continue
+        pieces = comp[sel]
+        in_offs, in_lens = pl.gather_dst[sel].tolist(), pl.gather_len[sel].tolist()
+        dsize = plan.piece_dsize[pieces]
+        piece_keys = [keys[c] for c in plan.piece_chunk[pieces]]
+        name = bf.FORMATS[code]
+
+        def diagnose(bad: np.ndarray, why: str) -> ChunkDecodeError:
+            chunks = sorted({int(plan.piece_chunk[pieces[i]]) for i in bad})
+            return _cpu_diagnose(pipeline, host, [offsets[c] for c in chunks], [sizes[c] for c in chunks],
+                                 [keys[c] for c in chunks], f"blosc {name} stream: {why}", "blosc")
+
+        if code == 1:  # nvCOMP decodes a malformed LZ4 block without an error: walk it first
+            lengths = _lz4_lengths(work, in_offs, in_lens, int(dsize.max()))
+            bad = np.flatnonzero(lengths != dsize)
+            if bad.size:
+                raise diagnose(bad, f"malformed lz4 block (code {lengths[bad[0]]})")
+        elif code == 4:  # zstd frames: magic, stated size and length checked on the device
+            for want in np.unique(dsize):
+                g = np.flatnonzero(dsize == want)
+                try:
+                    _zstd_frames(array, work, [in_offs[i] for i in g], [in_lens[i] for i in g],
+                                 [piece_keys[i] for i in g], int(want))
+                except _NoStatedSize:
+                    return False
+                except ChunkDecodeError as e:
+                    raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
+        out_offs = pl.decode_at[pieces].tolist()
+        out_caps = [int(bf._align(d)) for d in dsize.tolist()]
+        try:
+            res = _nvcomp_codec(algorithm, stream).decode(
+                nvcomp.as_arrays(work, in_offs, in_lens),
+                out=nvcomp.as_arrays(work, out_offs, out_caps),
+            )
+            stream.synchronize()  # wait here, where CuPy releases the GIL
+            actual = np.asarray(list(res.buffer_sizes), dtype=np.int64)
+        except (RuntimeError, ValueError, MemoryError) as e:
+            raise diagnose(np.arange(sel.size), f"nvCOMP: {e}") from e
+        bad = np.flatnonzero(actual != dsize)
+        if bad.size:
+            raise diagnose(bad, f"decoded to {actual[bad[0]]} bytes, expected {dsize[bad[0]]}")
+    return True

@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -28,27 +29,40 @@ def free_port() -> int:
 
 
 class Faults:
-    """What the HTTP server should do wrong: ``fail[path] = [status, times]`` (times < 0: always)."""
+    """What the HTTP server should do wrong, and what it was asked.
+
+    ``set(path, status, times, after)``: answer ``status`` to ``times`` requests
+    for ``path`` (times < 0: all), once ``after`` requests for it were answered
+    normally. ``delay`` seconds are spent on each request (to see requests in flight).
+    """
 
     def __init__(self) -> None:
         self.fail: dict[str, list[int]] = {}
         self.requests: list[tuple[str, str | None]] = []  # (path, Range header)
+        self.delay = 0.0
+        self.inflight = 0
+        self.max_inflight = 0
         self.lock = threading.Lock()
 
-    def set(self, path: str, status: int, times: int = -1) -> None:
+    def set(self, path: str, status: int, times: int = -1, after: int = 0) -> None:
         with self.lock:
-            self.fail["/" + path.lstrip("/")] = [status, times]
+            self.fail["/" + path.lstrip("/")] = [status, times, after]
 
     def clear(self) -> None:
         with self.lock:
             self.fail.clear()
             self.requests.clear()
+            self.delay = 0.0
+            self.max_inflight = 0
 
-    def take(self, path: str) -> int | None:
+    def take(self, path: str, range_header: str | None = None) -> int | None:
         with self.lock:
-            self.requests.append((path, None))
+            self.requests.append((path, range_header))
             entry = self.fail.get(path)
             if entry is None or entry[1] == 0:
+                return None
+            if entry[2] > 0:
+                entry[2] -= 1
                 return None
             if entry[1] > 0:
                 entry[1] -= 1
@@ -63,6 +77,7 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     faults: Faults
     protocol_version = "HTTP/1.1"  # keep-alive, as object stores
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, *args: Any) -> None:  # quiet tests
         pass
@@ -80,8 +95,21 @@ class RangeHandler(SimpleHTTPRequestHandler):
         self.do_GET()
 
     def do_GET(self) -> None:
+        with self.faults.lock:
+            self.faults.inflight += 1
+            self.faults.max_inflight = max(self.faults.max_inflight, self.faults.inflight)
+        try:
+            if self.faults.delay:
+                time.sleep(self.faults.delay)
+            self._get()
+        finally:
+            with self.faults.lock:
+                self.faults.inflight -= 1
+
+    def _get(self) -> None:
         path = self.path.split("?", 1)[0]
-        status = self.faults.take(path)
+        header = self.headers.get("Range")
+        status = self.faults.take(path, header)
         if status is not None:
             self._send(status, f"injected {status}".encode())
             return
@@ -92,9 +120,6 @@ class RangeHandler(SimpleHTTPRequestHandler):
         with open(fs_path, "rb") as f:
             data = f.read()
         size = len(data)
-        header = self.headers.get("Range")
-        with self.faults.lock:
-            self.faults.requests[-1] = (path, header)
         if not header:
             self._send(200, data, {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"})
             return
@@ -124,7 +149,8 @@ def range_http_server(directory: str) -> Iterator[tuple[str, Faults]]:
     """An HTTP server for ``directory`` on loopback; yields ``(base_url, faults)``."""
     faults = Faults()
     handler = type("Handler", (RangeHandler,), {"faults": faults})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=directory))
+    server_class = type("Server", (ThreadingHTTPServer,), {"request_queue_size": 128})  # many connections at once
+    server = server_class(("127.0.0.1", 0), partial(handler, directory=directory))
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -195,7 +195,7 @@ def test_user_and_password_in_an_http_url_stay_out_of_messages(tree, http):
         faults.clear()
     msg = str(info.value)
     assert "hunter2pass" not in msg and "alice" not in msg
-    assert "end.zarr" in msg and "c/1/0/1" in msg and "403" in msg and "127.0.0.1" in msg
+    assert "end.zarr" in msg and "c/1/0/1[" in msg and "403" in msg and "127.0.0.1" in msg
 
 
 # ------------------------------------------------------------------------- bad input
@@ -288,6 +288,7 @@ def test_persistent_503_is_retried_then_reported_with_the_url(tree, http):
         faults.clear()
     msg = str(info.value)
     assert f"{http[0]}/end.zarr/c/0/0/1" in msg and "503" in msg and "after 4 attempts" in msg
+    assert "c/0/0/1[" in msg  # the inner chunk that needed the shard
 
 
 def test_missing_array_and_403_on_metadata(http):

@@ -72,10 +72,21 @@ class ShardedChunkStore(ChunkStore):
         raw = self.base.read_ranges([ByteRange(s, off, n) for s in shards])
         return {s: None if r is None else self.index.decode(r, s) for s, r in zip(shards, raw)}
 
+    def _name_chunk(self, e: ChunkReadError, keys: Sequence[str], what: str) -> ChunkReadError:
+        """``e`` (about a shard object) re-raised against the first inner chunk of ``keys`` in that shard."""
+        inner = [k for k in keys if k.split("[", 1)[0] == e.key]
+        if not inner or e.key in inner:
+            return e
+        more = f" and {len(inner) - 1} more inner chunks" if len(inner) > 1 else ""
+        return ChunkReadError(self.array, inner[0], f"{what} of shard {e.key!r}{more}: {e.reason}")
+
     def locate(self, keys: Sequence[str]) -> list[tuple[str, int, int] | None]:
         """``(shard, offset, nbytes)`` of each inner-chunk key, ``None`` where the chunk is absent."""
         split = [self._split(k) for k in keys]
-        indexes = self.read_indexes([s for s, _ in split])
+        try:
+            indexes = self.read_indexes([s for s, _ in split])
+        except ChunkReadError as e:
+            raise self._name_chunk(e, keys, "reading the index") from None
         out: list[tuple[str, int, int] | None] = []
         for shard, i in split:
             ix = indexes[shard]
@@ -97,7 +108,10 @@ class ShardedChunkStore(ChunkStore):
                 ranges.append((w[0], w[1], w[2], offsets[i]))
                 slot[offsets[i]] = i
         reads = coalesce(ranges, merge_gap(self.merge_gap_default), max_range())
-        got = self.base.read_ranges_into(reads, buf)
+        try:
+            got = self.base.read_ranges_into(reads, buf)
+        except ChunkReadError as e:
+            raise self._name_chunk(e, keys, "reading byte ranges") from None
         for r, n in zip(reads, got):
             for off, length, dest in r.pieces:
                 key = keys[slot[dest]]

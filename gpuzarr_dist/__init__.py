@@ -22,6 +22,7 @@ from .errors import (
 from .graph import from_zarr_gpu
 from .runtime.device import gpu_available, resolve_device
 from .xarray_backend import open_dataset
+from .windows import WindowSampler, sample_windows
 
 __version__ = "0.1.0"
 
@@ -39,4 +40,6 @@ __all__ = [
     "gpu_available",
     "open_dataset",
     "resolve_device",
+    "WindowSampler",
+    "sample_windows",
 ]

@@ -64,7 +64,7 @@ class WindowSampler:
         n = len(starts)
         chunk = np.array(spec.chunk_shape)
         first = starts // chunk
-        grid = tuple(int(g) for g in ((np.array(window) - 1) // chunk + 2))  # chunks a window can touch, per axis
+        grid = tuple(int(g) for g in ((np.array(window) + chunk - 2) // chunk + 1))  # most chunks a window touches, per axis
         grid_shape = np.array(spec.grid_shape)
         # every (window, grid position) -> chunk coordinates; positions past the array's grid are padding
         offs = np.stack(np.meshgrid(*[np.arange(g) for g in grid], indexing="ij"), axis=-1).reshape(-1, spec.ndim)
@@ -106,31 +106,57 @@ def sample_windows(source: Any, starts: Any, window: Sequence[int], component: s
     return WindowSampler(source, window, component, device=device, storage_options=storage_options).sample(starts)
 
 
-def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> Any:
+def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any,
+                 gather: bool | None = None) -> Any:
     """Windows ``(n, *window)`` out of decoded ``chunks`` (numpy or cupy, ``(m, *chunk_shape)``).
 
     ``idx`` ``(n, *grid)`` names, for each window, the grid of chunks around it
     (``m`` = the fill chunk); ``offsets`` ``(n, ndim)`` where the window starts in
-    the first chunk. Each window's chunk grid is tiled into one mosaic and the
-    window gathered from it, all windows at once (two device kernels, not one
-    copy per chunk).
+    the first chunk. On the device every element is gathered at once (one
+    gather for its chunk number, one for its value: a few kernels, not one
+    copy per chunk); on the host each window copies its chunks' slices.
+    ``gather=True`` takes the device's way on the host too (for tests).
     """
     xp = _array_module(chunks)
     n, nd = idx.shape[0], idx.ndim - 1
     cshape = tuple(chunks.shape[1:])
-    grid = idx.shape[1:]
+    if n == 0:
+        return xp.empty((0, *window), dtype=chunks.dtype)
+    if xp is np and not gather:
+        return _cut_windows_host(chunks, idx, offsets, window, fill)
     fill_chunk = xp.full((1, *cshape), fill, dtype=chunks.dtype)
     pool = xp.concatenate([chunks.reshape((-1, *cshape)), fill_chunk]) if chunks.size else fill_chunk
-    tiles = pool[xp.asarray(idx)]  # (n, *grid, *chunk)
-    perm = [0] + [v for a in range(nd) for v in (1 + a, 1 + nd + a)]
-    mosaic = tiles.transpose(perm).reshape((n, *(g * c for g, c in zip(grid, cshape))))
-    index = [xp.arange(n).reshape((n,) + (1,) * nd)]
-    offs = xp.asarray(offsets)
+    q, r = [], []
     for a in range(nd):
+        pos = np.asarray(offsets[:, a : a + 1]) + np.arange(window[a])[None, :]  # (n, w): position in the chunk grid
         shape = [n] + [1] * nd
         shape[a + 1] = window[a]
-        index.append((offs[:, a : a + 1] + xp.arange(window[a])[None, :]).reshape(shape))
-    return mosaic[tuple(index)] if n else xp.empty((0, *window), dtype=chunks.dtype)
+        q.append(xp.asarray((pos // cshape[a]).reshape(shape)))
+        r.append(xp.asarray((pos % cshape[a]).reshape(shape)))
+    which = xp.asarray(idx)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
+    return pool[(which, *r)]
+
+
+def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> np.ndarray:
+    n, nd = idx.shape[0], idx.ndim - 1
+    cshape = chunks.shape[1:]
+    out = np.empty((n, *window), dtype=chunks.dtype)
+    m = len(chunks)
+    for w in range(n):
+        for g in np.ndindex(*idx.shape[1:]):
+            lo = [g[a] * cshape[a] for a in range(nd)]
+            o = [int(offsets[w, a]) for a in range(nd)]
+            src, dst = [], []
+            for a in range(nd):  # the window's span [o, o + window) against this chunk's span [lo, lo + c)
+                s0, s1 = max(o[a], lo[a]), min(o[a] + window[a], lo[a] + cshape[a])
+                if s0 >= s1:
+                    break
+                src.append(slice(s0 - lo[a], s1 - lo[a]))
+                dst.append(slice(s0 - o[a], s1 - o[a]))
+            else:
+                k = int(idx[(w, *g)])
+                out[(w, *dst)] = chunks[(k, *src)] if k < m else fill
+    return out
 
 
 def _array_module(a: Any) -> Any:

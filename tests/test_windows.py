@@ -88,3 +88,26 @@ def test_bad_windows_are_refused(tmp_path):
     with pytest.raises(IndexError, match="outside"):
         s.sample([[3, 0]])
     assert _host(s.sample(np.zeros((0, 2), dtype=int))).shape == (0, 2, 2)
+
+
+def test_device_gather_matches_host_copies():
+    """The gather the GPU uses, run with numpy, against the host's slice copies and a direct numpy cut."""
+    from gpuzarr_dist.windows import _cut_windows
+
+    rng = np.random.default_rng(5)
+    chunk, window = (2, 5, 7), (3, 9, 4)
+    grid = tuple((w + c - 2) // c + 1 for w, c in zip(window, chunk))
+    n, m = 12, 20
+    chunks = rng.standard_normal((m, *chunk)).astype("float32")
+    idx = rng.integers(0, m + 1, size=(n, *grid))  # m: the fill chunk
+    offsets = np.stack([rng.integers(0, c, size=n) for c in chunk], axis=1)
+    host = _cut_windows(chunks, idx, offsets, window, -9.0)
+    gathered = _cut_windows(chunks, idx, offsets, window, -9.0, gather=True)
+    pool = np.concatenate([chunks, np.full((1, *chunk), -9.0, dtype="float32")])
+    for w in range(n):  # tile the window's chunk grid, then cut
+        tiles = pool[idx[w]]  # (*grid, *chunk)
+        mosaic = tiles.transpose(0, 3, 1, 4, 2, 5).reshape([g * c for g, c in zip(grid, chunk)])
+        o = offsets[w]
+        expected = mosaic[o[0]:o[0] + window[0], o[1]:o[1] + window[1], o[2]:o[2] + window[2]]
+        np.testing.assert_array_equal(host[w], expected)
+        np.testing.assert_array_equal(gathered[w], expected)

@@ -10,4 +10,12 @@ def main(args) -> int:
         from .read import run
 
         return run(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read")
+    if name == "shards":
+        from .shards import run as run_shards
+
+        return run_shards(args)
+    if name == "remote":
+        from .remote import run as run_remote
+
+        return run_remote(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, shards, remote")

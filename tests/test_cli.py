@@ -174,3 +174,21 @@ def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
+
+
+def test_bench_shards_quick(tmp_path, capsys):
+    from gpuzarr_dist.cli import main
+
+    assert main(["bench", "shards", "--quick", "--device", "cpu", "--windows", "32", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "unsharded rate" in out and "windows/s" in out and "tensorstore" in out and "zarr-python" in out
+    assert (tmp_path / "bench-shards.json").exists()
+
+
+def test_bench_remote_quick(tmp_path, capsys):
+    from gpuzarr_dist.cli import main
+
+    assert main(["bench", "remote", "--quick", "--device", "cpu", "--time-steps", "4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "raw GET, obstore" in out and "of the raw GET rate" in out
+    assert (tmp_path / "bench-remote.json").exists()

@@ -23,6 +23,7 @@ import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, dev, make_data, reference
 from servers import TEST_KEY, TEST_SECRET, moto_s3_server, range_http_server, upload_tree
 
+pytest.importorskip("obstore")
 pytestmark = pytest.mark.usefixtures("device")
 
 SHAPE = (6, 30, 40)
@@ -87,6 +88,8 @@ def http(tree):
 
 @pytest.fixture(scope="module")
 def s3(tree):
+    pytest.importorskip("moto.server")
+    pytest.importorskip("boto3")
     with moto_s3_server() as endpoint:
         upload_tree(endpoint, "arrays", tree[0], "data")
         yield endpoint

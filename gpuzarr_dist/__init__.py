@@ -26,6 +26,7 @@ from .graph import from_zarr_gpu
 from .runtime.device import gpu_available, resolve_device
 from .xarray_backend import open_dataset
 from .write import to_zarr_gpu
+from .windows import WindowSampler, sample_windows
 
 __version__ = "0.1.0"
 
@@ -47,4 +48,6 @@ __all__ = [
     "open_dataset",
     "resolve_device",
     "to_zarr_gpu",
+    "WindowSampler",
+    "sample_windows",
 ]

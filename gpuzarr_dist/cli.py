@@ -96,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     write.add_argument("--out", metavar="DIR", help="folder for the result tables")
     write.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     write.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
+    for name, help_text in (("shards", "sharded vs unsharded reads, and random windows vs zarr-python and tensorstore"),
+                            ("remote", "reads from a loopback S3 server vs the raw GET rate of the same client")):
+        b = bench_sub.add_parser(name, help=help_text)
+        b.add_argument("--quick", action="store_true", help="a small array and fewer repeats")
+        b.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the ERA5-like array")
+        b.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+        b.add_argument("--out", metavar="DIR", help="folder for the result tables")
+        b.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+        b.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
+        if name == "shards":
+            b.add_argument("--windows", metavar="N", type=_positive_int, help="random windows to read (default 2048)")
+            b.add_argument("--batch", metavar="N", type=_positive_int, help="windows per WindowSampler call (default 64)")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     return parser
 

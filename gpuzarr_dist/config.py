@@ -12,6 +12,15 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     Threads that read chunk files per process (shared by all tasks). Default 16.
 ``gpuzarr.decode-threads``
     Threads that decode chunks on the CPU device per process. Default: CPU count.
+``gpuzarr.shards.merge-gap`` / ``gpuzarr.shards.max-range``
+    Byte ranges of one shard at most ``merge-gap`` apart are read as one range of
+    at most ``max-range`` bytes. Default gap: ``None`` = per store (64 KiB for
+    local files, 1 MiB for object stores); default max range 16 MiB.
+``gpuzarr.remote.concurrency`` / ``.retries`` / ``.backoff`` / ``.timeout``
+    Object stores: requests in flight per process (64), attempts after the first
+    for transient errors (5xx, resets, timeouts; 5), the first backoff in seconds
+    (0.1, doubled per attempt, with full jitter), and the seconds one request may
+    take (60).
 """
 
 from __future__ import annotations
@@ -25,6 +34,8 @@ DEFAULTS: dict = {
         "block-size": {"cpu": "128 MiB", "gpu": "256 MiB"},
         "io-threads": 16,
         "decode-threads": None,
+        "shards": {"merge-gap": None, "max-range": "16 MiB"},
+        "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60},
     }
 }
 

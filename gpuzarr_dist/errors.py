@@ -52,6 +52,7 @@ class ChunkReadError(GpuZarrError, OSError):
     def __init__(self, array: str, key: str, reason: str):
         self.array = array
         self.key = key
+        self.reason = reason
         super().__init__(f"{array}: reading chunk {key!r} failed: {reason}")
 
 

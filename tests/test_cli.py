@@ -192,3 +192,19 @@ def test_bench_write_quick(tmp_path, capsys):
     assert rows["gpuzarr-dist to_zarr_gpu"]["extra"]["ratio"] == pytest.approx(
         rows["zarr-python a[:] = data (numcodecs zstd)"]["extra"]["ratio"])
     assert result["meta"]["nbytes"] == 2 * 721 * 1440 * 4
+def test_bench_shards_quick(tmp_path, capsys):
+    from gpuzarr_dist.cli import main
+
+    assert main(["bench", "shards", "--quick", "--device", "cpu", "--windows", "32", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "unsharded rate" in out and "windows/s" in out and "tensorstore" in out and "zarr-python" in out
+    assert (tmp_path / "bench-shards.json").exists()
+
+
+def test_bench_remote_quick(tmp_path, capsys):
+    from gpuzarr_dist.cli import main
+
+    assert main(["bench", "remote", "--quick", "--device", "cpu", "--time-steps", "4", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "raw GET, obstore" in out and "of the raw GET rate" in out
+    assert (tmp_path / "bench-remote.json").exists()

@@ -14,4 +14,12 @@ def main(args) -> int:
         from .write import run as run_write
 
         return run_write(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write")
+    if name == "shards":
+        from .shards import run as run_shards
+
+        return run_shards(args)
+    if name == "remote":
+        from .remote import run as run_remote
+
+        return run_remote(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote")

@@ -50,19 +50,39 @@ class ShardIndex:
         self.nbytes = self.count * 16 + extra
         self.at_end = spec.shard_index_location == "end"
 
+    def decode(self, raw: Any, key: str) -> np.ndarray:
+        """``(count, 2)`` int64 offsets and sizes from the encoded index bytes of shard ``key`` (-1 rows where absent).
+
+        Raises :class:`ChunkDecodeError` naming the shard for an index that is
+        truncated, fails its checksum, or holds offsets no object can have.
+        """
+        view = memoryview(raw).cast("B")
+        if len(view) != self.nbytes:
+            raise ChunkDecodeError(self.array, key, f"shard index is truncated: {len(view)} of its {self.nbytes} bytes")
+        index = self.pipeline.decode_chunk(view, f"{key} (index)").reshape(self.count, 2)
+        missing = (index[:, 0] == MISSING) & (index[:, 1] == MISSING)
+        present = ~missing
+        if (index[present] >= np.uint64(2**62)).any():
+            raise ChunkDecodeError(self.array, key, "shard index holds an offset or size past any object's end")
+        out = index.astype(np.int64, copy=True)
+        out[missing] = -1
+        return out
+
+    def raw_range(self, size: int | None = None) -> tuple[int, int]:
+        """``(offset, length)`` of the index inside a shard: a suffix (negative offset) when at the end and ``size`` is unknown."""
+        if not self.at_end:
+            return 0, self.nbytes
+        return (size - self.nbytes, self.nbytes) if size is not None else (-self.nbytes, self.nbytes)
+
     def locate(self, shard: Any, key: str) -> np.ndarray:
-        """``(count, 2)`` offsets and sizes of the inner chunks in ``shard`` (-1 rows where absent)."""
+        """``(count, 2)`` offsets and sizes of the inner chunks in a whole ``shard`` (-1 rows where absent)."""
         view = memoryview(shard).cast("B")
         if len(view) < self.nbytes:
             raise ChunkDecodeError(self.array, key, f"shard of {len(view)} bytes is shorter than its {self.nbytes}-byte index")
         raw = view[len(view) - self.nbytes :] if self.at_end else view[: self.nbytes]
-        index = self.pipeline.decode_chunk(raw, f"{key} (index)").reshape(self.count, 2)
-        missing = (index[:, 0] == MISSING) & (index[:, 1] == MISSING)
-        out = index.astype(np.int64, copy=True)
-        out[missing] = -1
-        present = ~missing
-        end = index[present, 0] + index[present, 1]
-        if end.size and (end.max() > len(view) or (index[present, 0] >= np.uint64(2**63)).any()):
+        out = self.decode(raw, key)
+        present = out[:, 0] >= 0
+        if present.any() and (out[present, 0] + out[present, 1]).max() > len(view):
             raise ChunkDecodeError(self.array, key, "shard index points past the end of the shard")
         return out
 

@@ -6,6 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .ranges import ByteRange, MergedRead
+
 
 def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[list[int], int]:
     """Offsets for chunks of ``sizes`` (-1: missing) in one buffer, each ``offset + lead`` aligned; and the total."""
@@ -50,6 +52,55 @@ class ChunkStore(ABC):
             if b is not None:
                 buf[off : off + len(b)] = memoryview(b).cast("B")
         return buf, offsets, sizes
+
+    #: gap below which ranges of one object are read together (``gpuzarr.shards.merge-gap`` overrides it):
+    #: small for local files (a system call is cheap), larger for object stores (a request is not)
+    merge_gap_default: int = 64 * 1024
+
+    def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
+        """The bytes of each :class:`~.ranges.ByteRange`, ``None`` where the object is absent.
+
+        A range that runs past the end of its object gives the bytes up to the
+        end (fewer than asked, possibly none); a suffix range longer than the
+        object gives the whole object. Callers check the lengths and name what
+        was short. This generic version reads whole objects with
+        :meth:`read_many`; stores that can read ranges override it.
+        """
+        keys = list(dict.fromkeys(r.key for r in requests))
+        whole = dict(zip(keys, self.read_many(keys)))
+        out: list[Any] = []
+        for key, off, n in requests:
+            data = whole[key]
+            if data is None:
+                out.append(None)
+                continue
+            view = memoryview(data).cast("B")
+            out.append(view[max(0, len(view) + off) :] if off < 0 else view[off : off + n])
+        return out
+
+    def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any) -> list[int]:
+        """Read each merged range and put each of its pieces at ``piece.dest`` in ``buf``.
+
+        Returns, per read, the number of bytes the object held from the read's
+        offset on (at most the read's length; -1 where the object is absent).
+        Pieces past that point are left unwritten: the caller checks. This
+        generic version copies from :meth:`read_ranges`; local files scatter
+        straight into ``buf``.
+        """
+        got = self.read_ranges([ByteRange(r.key, r.offset, r.length) for r in reads])
+        view = memoryview(buf).cast("B")
+        sizes = []
+        for r, data in zip(reads, got):
+            if data is None:
+                sizes.append(-1)
+                continue
+            data = memoryview(data).cast("B")
+            for off, n, dest in r.pieces:
+                lo = off - r.offset
+                m = max(0, min(n, len(data) - lo))
+                view[dest : dest + m] = data[lo : lo + m]
+            sizes.append(len(data))
+        return sizes
 
     @abstractmethod
     def token(self) -> str:

@@ -1,7 +1,8 @@
 """Resolve what a user passes as ``source`` into a chunk store and array metadata.
 
-Accepted: a local path or ``file://`` URL, a remote URL (through zarr-python's
-fsspec store), a ``zarr.Array``, a ``zarr.Group`` or a zarr store (with
+Accepted: a local path or ``file://`` URL, an object-store URL (``s3://``,
+``gs://``, ``az://``, ``http(s)://``: :class:`.remote.ObjectChunkStore`), another
+remote URL (through zarr-python's fsspec store), a ``zarr.Array``, a ``zarr.Group`` or a zarr store (with
 ``component`` naming the array inside a group).
 """
 
@@ -18,6 +19,7 @@ from zarr.abc.store import Store
 
 from .base import ChunkStore
 from .local import LocalChunkStore
+from .remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
 from .sharded import ShardedChunkStore
 from .zarrstore import ZarrChunkStore
 from ..codecs.registry import known_codecs
@@ -81,6 +83,29 @@ def _from_local(path: str, component: str | None, name: str) -> tuple[ChunkStore
     return LocalChunkStore(os.path.join(path, *(arr.path or "").split("/")), name), arr
 
 
+def _from_remote(url: str, component: str | None, storage_options: dict | None) -> tuple[ChunkStore, zarr.Array]:
+    """An object-store URL: metadata through zarr-python over the same obstore client, chunks by :class:`ObjectChunkStore`."""
+    root = ObjectChunkStore(url, storage_options=storage_options)
+    name = f"{safe_url(root.url)}/{component}" if component else safe_url(root.url)
+    zstore = root.zarr_store()
+
+    def opener() -> zarr.Array:
+        try:
+            return zarr.open(store=zstore, path=component or "", mode="r")
+        except (FileNotFoundError, KeyError):
+            raise
+        except Exception as e:  # say what failed without credentials or the client's debug dump
+            kind = type(e).__name__
+            if "NotFound" in kind:
+                raise FileNotFoundError(name) from None
+            raise MetadataError(f"{name}: could not read the Zarr metadata: {root.scrub(str(e).splitlines()[0] if str(e) else kind)}") from None
+
+    arr = _open_array(opener, name, name, not_found=(FileNotFoundError, KeyError))
+    path = (arr.path or "").strip("/")
+    store = ObjectChunkStore(f"{root.url}/{path}" if path else root.url, name, storage_options)
+    return store, arr
+
+
 def _from_zarr_array(arr: zarr.Array) -> tuple[ChunkStore, zarr.Array]:
     store = arr.store
     name = f"{store}/{arr.path}" if arr.path else str(store)
@@ -108,6 +133,8 @@ def open_source(
             path = url.path if url.scheme == "file" else source
             path = os.path.abspath(os.path.expanduser(path))
             cstore, arr = _from_local(path, component, _join(path, component) if component else path)
+        elif url.scheme in REMOTE_SCHEMES:
+            cstore, arr = _from_remote(source, component, storage_options)
         else:
             name = f"{source.rstrip('/')}/{component}" if component else source
             opener = lambda: zarr.open(source, path=component or "", mode="r", storage_options=storage_options)  # noqa: E731

@@ -1,0 +1,166 @@
+"""``gpuzarr-dist bench remote``: reads from a loopback S3 server against the raw GET rate.
+
+Starts moto's S3 server on 127.0.0.1 (the ``test`` extra installs it),
+uploads the benchmark arrays of ``bench shards`` (unsharded and sharded), and
+times, on the same objects with the same obstore client and the same number of
+requests in flight (``gpuzarr.remote.concurrency``):
+
+- raw GETs of every stored object (no decode): the ceiling;
+- gpuzarr-dist's time mean through ``s3://`` (read, decode, reduce);
+- for reference, s3fs raw GETs at the same concurrency (why obstore was chosen).
+
+Rates are of stored (compressed) bytes, so the rows compare like with like;
+target: gpuzarr-dist at least 80% of the raw GET rate. A loopback server runs
+on the same cores as the client: the absolute figures say more about the
+server than about a real object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import socket
+import tempfile
+import time
+
+from .report import Row, format_table, save
+from .shards import _best, _stored, write_variants
+
+
+def _objects(root: str) -> list[str]:
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.relpath(os.path.join(d, n), root).replace(os.sep, "/") for n in names if n != ".complete"]
+    return sorted(out)
+
+
+def _raw_obstore(store, keys: list[str], concurrency: int) -> float:
+    import obstore
+
+    async def go() -> int:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(k: str) -> int:
+            async with sem:
+                r = await obstore.get_async(store, k)
+                return len(await r.bytes_async())
+
+        return sum(await asyncio.gather(*(one(k) for k in keys)))
+
+    t0 = time.perf_counter()
+    asyncio.run(go())
+    return time.perf_counter() - t0
+
+
+def _raw_s3fs(endpoint: str, bucket: str, keys: list[str], concurrency: int) -> float | None:
+    try:
+        import s3fs
+    except ImportError:
+        return None
+    loop = asyncio.new_event_loop()
+    try:
+        fs = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=endpoint, asynchronous=True, loop=loop)
+
+        async def go() -> None:
+            await fs.set_session()
+            sem = asyncio.Semaphore(concurrency)
+
+            async def one(k: str) -> None:
+                async with sem:
+                    await fs._cat_file(f"{bucket}/{k}")
+
+            await asyncio.gather(*(one(k) for k in keys))
+            await fs._s3.close() if getattr(fs, "_s3", None) else None
+
+        t0 = time.perf_counter()
+        loop.run_until_complete(go())
+        return time.perf_counter() - t0
+    finally:
+        loop.close()
+
+
+def run(args) -> int:
+    """Entry point of ``gpuzarr-dist bench remote``."""
+    import dask
+
+    from ..runtime.device import gpu_status, resolve_device
+    from ..stores.remote import ObjectChunkStore
+
+    try:
+        from moto.server import ThreadedMotoServer
+        import boto3
+    except ImportError:
+        print("bench remote needs moto[server] and boto3 (pip install 'gpuzarr-dist[test]')")
+        return 2
+    device = resolve_device(getattr(args, "device", "auto") or "auto")
+    quick = bool(getattr(args, "quick", False))
+    threads = int(getattr(args, "threads", None) or min(16, os.cpu_count() or 1))
+    steps = getattr(args, "time_steps", None) or (8 if quick else 48)
+    nlat, nlon = (181, 360) if quick else (721, 1440)
+    repeat = 1 if quick else 3
+    concurrency = int(dask.config.get("gpuzarr.remote.concurrency"))
+    out_dir = getattr(args, "out", None) or "bench-results"
+    tmp = None
+    root = getattr(args, "path", None)
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-remote-")
+        root = tmp.name
+    os.makedirs(root, exist_ok=True)
+    paths = write_variants(root, steps, nlat, nlon, shard_t=4)
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint, bucket = f"http://127.0.0.1:{port}", "bench"
+    opts = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "region": "us-east-1"}
+    rows: list[Row] = []
+    try:
+        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
+                          region_name="us-east-1")
+        s3.create_bucket(Bucket=bucket)
+        for name, path in paths.items():
+            for key in _objects(path):
+                s3.upload_file(os.path.join(path, *key.split("/")), bucket, f"{name}.zarr/{key}")
+        print(f"loopback S3 (moto) at {endpoint}; {concurrency} requests in flight; device {device} ({gpu_status()[1]}); "
+              f"{threads} threads; {platform.node()}, {os.cpu_count()} CPUs shared by server and client")
+        for name, path in paths.items():
+            stored = _stored(path)
+            keys = [f"{name}.zarr/{k}" for k in _objects(path) if not k.endswith("zarr.json")]
+            client = ObjectChunkStore(f"s3://{bucket}", storage_options=opts).store
+            t_raw = min(_raw_obstore(client, keys, concurrency) for _ in range(repeat))
+            rows.append(Row(f"{name}: raw GET, obstore", "warm", t_raw, stored, note="no decode"))
+            t_fs = _raw_s3fs(endpoint, bucket, keys, concurrency)
+            if t_fs is not None:
+                rows.append(Row(f"{name}: raw GET, s3fs", "warm", t_fs, stored, note="no decode"))
+            t_ours = _best(_mean_s3(f"s3://{bucket}/{name}.zarr", opts, device, threads), repeat)
+            rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
+                            note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
+    finally:
+        server.stop()
+    print("GB/s of stored bytes")
+    print(format_table(rows, rows[0].name))
+    meta = {"device": device, "concurrency": concurrency, "time_steps": steps, "grid": [nlat, nlon], "quick": quick,
+            "host": platform.node(), "cpus": os.cpu_count()}
+    written = save(rows, out_dir, "bench-remote", f"loopback S3, {device}", meta)
+    print("saved:", ", ".join(written))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0
+
+
+def _mean_s3(url: str, opts: dict, device: str, threads: int):
+    import dask
+
+    from ..graph import from_zarr_gpu
+
+    def run() -> None:
+        x = from_zarr_gpu(url, device=device, storage_options=opts)
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            float(x.mean(axis=0).compute()[0, 0])
+
+    return run
+

@@ -1,0 +1,177 @@
+"""``gpuzarr-dist bench shards``: sharded against unsharded, and random windows.
+
+(a) The time mean of the same ERA5-like data stored unsharded (one chunk per
+    time step) and sharded (inner chunks of 256 KiB and 1 MiB), through
+    gpuzarr-dist: target, sharded at least as fast as unsharded.
+(b) Random windows of (4, 128, 128) from the sharded (T, 721, 1440) array, the
+    ML access pattern: windows per second through :class:`~gpuzarr_dist.WindowSampler`
+    (a batch of windows per call), zarr-python (one ``a[box]`` per window) and
+    tensorstore (a batch of reads issued together, then awaited), in the same
+    run on the same files: targets 5x zarr-python and 2x tensorstore.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .report import Row, format_table, save
+
+OURS = "gpuzarr-dist, sharded 256 KiB inner chunks"
+
+
+def write_variants(root: str, steps: int, nlat: int, nlon: int, shard_t: int) -> dict[str, str]:
+    """The same float32 (steps, nlat, nlon) data, zstd level 0: unsharded and sharded (256 KiB / 1 MiB inner chunks)."""
+    import zarr
+    import zarr.codecs as zc
+
+    from ..demo import _Field
+
+    paths = {k: os.path.join(root, f"{k}.zarr") for k in ("unsharded", "inner256k", "inner1m")}
+    if all(os.path.exists(os.path.join(p, "zarr.json")) and os.path.exists(os.path.join(p, ".complete")) for p in paths.values()):
+        return paths
+    field = _Field(7, nlat, nlon)
+    zstd = zc.ZstdCodec(level=0)
+    arrays = {
+        "unsharded": zarr.create_array(paths["unsharded"], shape=(steps, nlat, nlon), dtype="float32",
+                                       chunks=(1, nlat, nlon), compressors=zstd, overwrite=True),
+    }
+    for name, side in (("inner256k", 256), ("inner1m", 512)):
+        side = min(side, nlat, nlon)
+        shard = (shard_t, -(-nlat // side) * side, -(-nlon // side) * side)
+        arrays[name] = zarr.create_array(paths[name], shape=(steps, nlat, nlon), dtype="float32", chunks=shard,
+                                         compressors=None, overwrite=True,
+                                         serializer=zc.ShardingCodec(chunk_shape=(1, side, side), codecs=[zc.BytesCodec(), zstd]))
+    for t0 in range(0, steps, shard_t):
+        slab = np.stack([field.step(t) for t in range(t0, min(steps, t0 + shard_t))])
+        for a in arrays.values():
+            a[t0 : t0 + len(slab)] = slab
+    for p in paths.values():
+        open(os.path.join(p, ".complete"), "w").close()
+    return paths
+
+
+def _stored(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, n)) for d, _, ns in os.walk(path) for n in ns if n not in ("zarr.json", ".complete"))
+
+
+def _mean(path: str, device: str, threads: int) -> Callable[[], None]:
+    import dask
+
+    from ..graph import from_zarr_gpu
+
+    def run() -> None:
+        x = from_zarr_gpu(path, device=device)
+        with dask.config.set(scheduler="threads", num_workers=threads):
+            float(x.mean(axis=0).compute()[0, 0])
+
+    return run
+
+
+def _best(fn: Callable[[], None], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch: int, seed: int = 0) -> list[tuple[str, float, str]]:
+    """Windows per second for each tool on the same random windows: ``(name, windows/s, note)``."""
+    import zarr
+
+    from ..windows import WindowSampler
+
+    sampler = WindowSampler(path, window, device=device)
+    starts = sampler.random_starts(n, rng=seed)
+    out = []
+
+    def ours() -> None:
+        for i in range(0, n, batch):
+            w = sampler.sample(starts[i : i + batch])
+        float(w[0, 0, 0, 0])
+
+    t = _best(ours, 1)
+    out.append((f"gpuzarr-dist WindowSampler, {batch} windows per call", n / t, device))
+    a = zarr.open_array(path, mode="r")
+    m = min(n, 64 if device == "cpu" else 256)
+
+    def zp() -> None:
+        for s in starts[:m]:
+            a[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))]
+
+    t = _best(zp, 1)
+    out.append(("zarr-python a[window], one per call", m / t, f"{m} windows"))
+    try:
+        import tensorstore as ts
+    except ImportError:
+        return out
+    arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
+
+    def tsr() -> None:
+        for i in range(0, n, batch):
+            futs = [arr[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))].read() for s in starts[i : i + batch]]
+            for f in futs:
+                f.result()
+
+    t = _best(tsr, 1)
+    out.append((f"tensorstore, {batch} reads in flight", n / t, ""))
+    return out
+
+
+def run(args) -> int:
+    """Entry point of ``gpuzarr-dist bench shards``."""
+    from ..runtime.device import gpu_status, resolve_device
+
+    device = resolve_device(getattr(args, "device", "auto") or "auto")
+    quick = bool(getattr(args, "quick", False))
+    threads = int(getattr(args, "threads", None) or min(16, os.cpu_count() or 1))
+    steps = getattr(args, "time_steps", None) or (8 if quick else (192 if device == "gpu" else 32))
+    nlat, nlon = (181, 360) if quick else (721, 1440)
+    window = (4, 64, 64) if quick else (4, 128, 128)
+    n_windows = getattr(args, "windows", None) or (128 if quick else 2048)
+    batch = getattr(args, "batch", None) or 64
+    repeat = 1 if quick else 3
+    out_dir = getattr(args, "out", None) or "bench-results"
+    tmp = None
+    root = getattr(args, "path", None)
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-shards-")
+        root = tmp.name
+    os.makedirs(root, exist_ok=True)
+    paths = write_variants(root, steps, nlat, nlon, shard_t=4)
+    nbytes = steps * nlat * nlon * 4
+    print(f"array: float32 ({steps}, {nlat}, {nlon}), zstd level 0, {nbytes / 1e9:.2f} GB decompressed; "
+          f"stored: " + ", ".join(f"{k} {_stored(p) / 1e9:.2f} GB" for k, p in paths.items()))
+    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}; files in the page cache")
+    names = {"inner256k": OURS, "inner1m": "gpuzarr-dist, sharded 1 MiB inner chunks",
+             "unsharded": "gpuzarr-dist, unsharded (1, 721, 1440) chunks" if not quick else "gpuzarr-dist, unsharded"}
+    rows = [Row(names[k], "warm", _best(_mean(p, device, threads), repeat), nbytes) for k, p in paths.items()]
+    print("(a) time mean, sharded against unsharded")
+    print(format_table(rows, OURS))
+    un = next(r for r in rows if r.name == names["unsharded"])
+    for r in rows:
+        if r is not un:
+            print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
+    print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {n_windows} windows")
+    rates = window_rates(paths["inner256k"], device, window, n_windows, batch)
+    ours = rates[0][1]
+    for name, rate, note in rates:
+        print(f"    {name:<48} {rate:10.1f} windows/s   ours/this {ours / rate:6.2f}   {note}")
+    wbytes = int(np.prod(window)) * 4
+    rows += [Row(name, "warm", 1.0 / rate, wbytes, note=f"{rate:.1f} windows/s") for name, rate, _ in rates]
+    meta = {"device": device, "threads": threads, "time_steps": steps, "grid": [nlat, nlon], "window": list(window),
+            "windows": n_windows, "batch": batch, "quick": quick, "host": platform.node(),
+            "windows_per_s": {name: rate for name, rate, _ in rates}}
+    written = save(rows, out_dir, "bench-shards", f"sharded vs unsharded, random windows, {device}", meta)
+    print("saved:", ", ".join(written))
+    if tmp is not None:
+        tmp.cleanup()
+    return 0

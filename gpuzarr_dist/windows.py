@@ -1,0 +1,170 @@
+"""Random windows, the machine-learning access pattern: many small boxes of one array, read in one batch.
+
+A training loop asks for, say, 64 windows of (4, 128, 128) at random places of
+a (T, 721, 1440) array. Through dask each window would be a graph, a task and
+a decode call of a few chunks, and the GPU would decode a handful of chunks at
+a time. :class:`WindowSampler` instead takes all windows of a batch at once:
+it collects the chunks (inner chunks of shards) that any window touches, reads
+them in one batched read (each shard's index once, then only the byte ranges
+needed, merged when close), decodes them in one batched call (one nvCOMP call
+on the GPU), and cuts every window out of the decoded chunks with one gather
+(:func:`_cut_windows`), on the device where the chunks are.
+
+No dask is involved: call it from a data loader's thread. The returned array
+is ``(n, *window)``: numpy on the CPU, cupy on the GPU (complete when returned).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .reader import BlockReader
+from .runtime.device import resolve_device
+from .runtime.threads import decode_pool
+from .stores.source import open_source
+
+
+class WindowSampler:
+    """Reads batches of equally shaped windows of one Zarr array.
+
+    ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None)``
+    opens the array once (same ``source`` forms as :func:`~gpuzarr_dist.from_zarr_gpu`);
+    :meth:`sample` then reads one batch of windows per call.
+    """
+
+    def __init__(self, source: Any, window: Sequence[int], component: str | None = None, *, device: str = "auto",
+                 storage_options: dict | None = None):
+        dev = resolve_device(device)
+        store, spec = open_source(source, component, storage_options)
+        self.reader = BlockReader(store, spec, dev)
+        self.spec = spec
+        self.device = dev
+        self.window = tuple(int(w) for w in window)
+        if len(self.window) != spec.ndim or any(w < 1 or w > s for w, s in zip(self.window, spec.shape)):
+            raise ValueError(f"{spec.name}: window {self.window} does not fit in an array of shape {spec.shape}")
+
+    def __repr__(self) -> str:
+        return f"WindowSampler({self.spec.name!r}, window={self.window}, device={self.device!r})"
+
+    def random_starts(self, n: int, rng: Any = None) -> np.ndarray:
+        """``n`` uniformly random window corners ``(n, ndim)`` with every window inside the array."""
+        rng = np.random.default_rng(rng)
+        high = np.array(self.spec.shape) - np.array(self.window) + 1
+        return rng.integers(0, high, size=(n, len(high)))
+
+    def sample(self, starts: Any) -> Any:
+        """The windows whose first corners are ``starts`` (``(n, ndim)`` integers), as an ``(n, *window)`` array."""
+        spec, window = self.spec, self.window
+        starts = np.asarray(starts, dtype=np.int64).reshape(-1, spec.ndim)
+        if starts.size and ((starts < 0).any() or (starts + np.array(window) > np.array(spec.shape)).any()):
+            raise IndexError(f"{spec.name}: a window of {window} at some of the starts runs outside the array {spec.shape}")
+        n = len(starts)
+        chunk = np.array(spec.chunk_shape)
+        first = starts // chunk
+        grid = tuple(int(g) for g in ((np.array(window) + chunk - 2) // chunk + 1))  # most chunks a window touches, per axis
+        grid_shape = np.array(spec.grid_shape)
+        # every (window, grid position) -> chunk coordinates; positions past the array's grid are padding
+        offs = np.stack(np.meshgrid(*[np.arange(g) for g in grid], indexing="ij"), axis=-1).reshape(-1, spec.ndim)
+        coords = first[:, None, :] + offs[None, :, :]  # (n, G, ndim)
+        inside = (coords < grid_shape).all(axis=-1)
+        unique, inverse = np.unique(coords[inside], axis=0, return_inverse=True)
+        keys = [spec.chunk_key(tuple(int(c) for c in row)) for row in unique]
+        chunks, present = self._decode(keys)
+        # index into [decoded chunks..., one fill chunk]: missing or padding chunks read the fill chunk
+        slot = np.full(len(unique), len(present), dtype=np.int64)
+        slot[np.asarray(present, dtype=np.int64)] = np.arange(len(present))
+        idx = np.full(coords.shape[:2], len(present), dtype=np.int64)
+        idx[inside] = slot[inverse.reshape(-1)]
+        return _cut_windows(chunks, idx.reshape((n, *grid)), starts - first * chunk, window, spec.fill_value)
+
+    def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
+        """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""
+        reader = self.reader
+        if self.device == "gpu":
+            from .windows_gpu import decode_keys_gpu
+
+            return decode_keys_gpu(reader, keys)
+        raw = reader.store.read_many(keys) if keys else []
+        present = [i for i, b in enumerate(raw) if b is not None]
+        out = np.empty((len(present), *self.spec.chunk_shape), dtype=self.spec.dtype)
+
+        def place(j: int, arr: np.ndarray) -> None:
+            out[j] = arr
+
+        if present:
+            reader.pipeline.decode_batch([raw[i] for i in present], [keys[i] for i in present], decode_pool(), sink=place)
+        return out, present
+
+
+def sample_windows(source: Any, starts: Any, window: Sequence[int], component: str | None = None, *,
+                   device: str = "auto", storage_options: dict | None = None) -> Any:
+    """Read windows of shape ``window`` at ``starts`` in one batch (opens the array each call; reuse a
+    :class:`WindowSampler` for many batches)."""
+    return WindowSampler(source, window, component, device=device, storage_options=storage_options).sample(starts)
+
+
+def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any,
+                 gather: bool | None = None) -> Any:
+    """Windows ``(n, *window)`` out of decoded ``chunks`` (numpy or cupy, ``(m, *chunk_shape)``).
+
+    ``idx`` ``(n, *grid)`` names, for each window, the grid of chunks around it
+    (``m`` = the fill chunk); ``offsets`` ``(n, ndim)`` where the window starts in
+    the first chunk. On the device every element is gathered at once (one
+    gather for its chunk number, one for its value: a few kernels, not one
+    copy per chunk); on the host each window copies its chunks' slices.
+    ``gather=True`` takes the device's way on the host too (for tests).
+    """
+    xp = _array_module(chunks)
+    n, nd = idx.shape[0], idx.ndim - 1
+    cshape = tuple(chunks.shape[1:])
+    if n == 0:
+        return xp.empty((0, *window), dtype=chunks.dtype)
+    if xp is np and not gather:
+        return _cut_windows_host(chunks, idx, offsets, window, fill)
+    fill_chunk = xp.full((1, *cshape), fill, dtype=chunks.dtype)
+    pool = xp.concatenate([chunks.reshape((-1, *cshape)), fill_chunk]) if chunks.size else fill_chunk
+    q, r = [], []
+    for a in range(nd):
+        pos = np.asarray(offsets[:, a : a + 1]) + np.arange(window[a])[None, :]  # (n, w): position in the chunk grid
+        shape = [n] + [1] * nd
+        shape[a + 1] = window[a]
+        q.append(xp.asarray((pos // cshape[a]).reshape(shape)))
+        r.append(xp.asarray((pos % cshape[a]).reshape(shape)))
+    which = xp.asarray(idx)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
+    return pool[(which, *r)]
+
+
+def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> np.ndarray:
+    n, nd = idx.shape[0], idx.ndim - 1
+    cshape = chunks.shape[1:]
+    out = np.empty((n, *window), dtype=chunks.dtype)
+    m = len(chunks)
+    for w in range(n):
+        for g in np.ndindex(*idx.shape[1:]):
+            lo = [g[a] * cshape[a] for a in range(nd)]
+            o = [int(offsets[w, a]) for a in range(nd)]
+            src, dst = [], []
+            for a in range(nd):  # the window's span [o, o + window) against this chunk's span [lo, lo + c)
+                s0, s1 = max(o[a], lo[a]), min(o[a] + window[a], lo[a] + cshape[a])
+                if s0 >= s1:
+                    break
+                src.append(slice(s0 - lo[a], s1 - lo[a]))
+                dst.append(slice(s0 - o[a], s1 - o[a]))
+            else:
+                k = int(idx[(w, *g)])
+                out[(w, *dst)] = chunks[(k, *src)] if k < m else fill
+    return out
+
+
+def _array_module(a: Any) -> Any:
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+__all__ = ["WindowSampler", "sample_windows"]

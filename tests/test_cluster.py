@@ -8,6 +8,7 @@ Results are compared with numpy applied to zarr-python's read of the same store.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -286,3 +287,57 @@ def test_gpu_asked_without_dask_cuda(monkeypatch):
         client = gz.start_cluster(1, threads_per_gpu=1, quiet=True, **QUIET)
     with client:
         assert set(s["device"] for s in client.run(cluster_mod.worker_state).values()) == {"cpu"}
+
+
+# -- the command line ---------------------------------------------------------------------
+
+
+def test_cli_cluster_serves_until_interrupted(store, tmp_path):
+    import subprocess
+    import sys
+
+    path, ref = store
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sched = str(tmp_path / "sched.json")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuzarr_dist", "cluster", "--device", "cpu", "--n-gpus", "2",
+         "--threads-per-gpu", "1", "--scheduler-file", sched, "--dashboard-address", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        lines = []
+        while not lines or "Ctrl-C" not in lines[-1]:
+            line = proc.stdout.readline()
+            assert line, f"exited early: {''.join(lines)} {proc.stderr.read()[-2000:]}"
+            lines.append(line)
+        out = "".join(lines)
+        assert "2 worker process(es), 1 thread(s) each" in out
+        address = re.search(r"scheduler (tcp://\S+)", out).group(1)
+        assert f"start_cluster(address='{address}')" in out
+        with gz.start_cluster(scheduler_file=sched, quiet=True) as client:
+            assert client.scheduler.address == address
+            x = gz.from_zarr_gpu(path, device="cpu")
+            np.testing.assert_allclose(x.min(axis=(1, 2)).compute(), ref.min(axis=(1, 2)))
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        assert "cluster stopped" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_cli_info_lists_gpus(capsys, monkeypatch):
+    from gpuzarr_dist.cli import main
+    from gpuzarr_dist.runtime import gpus
+
+    fake = gpus.parse_nvidia_smi("0, NVIDIA H200, 143771, 580.95.05, GPU-aaa\n"
+                                 "1, NVIDIA H200, 143771, 580.95.05, GPU-bbb\n")
+    assert fake[1] == gpus.GpuInfo(1, "NVIDIA H200", 143771 * 2**20, "580.95.05", "GPU-bbb")
+    monkeypatch.setattr(gpus, "list_gpus", lambda: fake)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "GPUs: 2 (CUDA_VISIBLE_DEVICES=1)" in out
+    assert "GPU 1: NVIDIA H200, 140.4 GiB, driver 580.95.05" in out
+    assert "start_cluster:" in out

@@ -10,4 +10,8 @@ def main(args) -> int:
         from .read import run
 
         return run(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read")
+    if name == "scale":
+        from .scale import run as run_scale
+
+        return run_scale(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, scale")

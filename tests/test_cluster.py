@@ -341,3 +341,27 @@ def test_cli_info_lists_gpus(capsys, monkeypatch):
     assert "GPUs: 2 (CUDA_VISIBLE_DEVICES=1)" in out
     assert "GPU 1: NVIDIA H200, 140.4 GiB, driver 580.95.05" in out
     assert "start_cluster:" in out
+
+
+def test_labextension_factory_config():
+    """cluster/jupyterhub/labextension.yaml names a factory that starts our cluster, with preloaded workers."""
+    import importlib
+
+    import yaml
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "cluster", "jupyterhub", "labextension.yaml")) as f:
+        conf = yaml.safe_load(f)
+    factory = conf["labextension"]["factory"]
+    make = getattr(importlib.import_module(factory["module"]), factory["class"])
+    assert conf["distributed"]["dashboard"]["link"] == cluster_mod.JUPYTERHUB_DASHBOARD_LINK
+    kwargs = dict(factory["kwargs"], device="cpu", n_gpus=1, threads_per_gpu=1, dashboard_address=None)
+    cluster = make(*factory["args"], **kwargs)
+    try:
+        with distributed.Client(cluster) as client:
+            client.wait_for_workers(1, timeout=60)
+            # the preload set the worker up although no client registered anything
+            assert list(client.run(cluster_mod.worker_state).values()) == [{"device": "cpu"}]
+            assert client.submit(sum, [1, 2]).result() == 3
+    finally:
+        cluster.close()

@@ -174,3 +174,27 @@ def test_slurm_cluster_reduces_a_zarr_array(slurm, tmp_path, monkeypatch):
             break
         time.sleep(0.5)
     assert not q.stdout.strip(), q.stdout
+
+
+@pytest.mark.parametrize("system", ["pbs", "slurm"])
+def test_ready_configuration_files(system):
+    """cluster/<system>/jobqueue.yaml gives the same worker command as jobqueue_cluster."""
+    import yaml
+
+    with open(os.path.join(ROOT, "cluster", system, "jobqueue.yaml")) as f:
+        conf = yaml.safe_load(f)
+    cls = dask_jobqueue.PBSCluster if system == "pbs" else dask_jobqueue.SLURMCluster
+    # as a file in ~/.config/dask would: merged over dask-jobqueue's defaults
+    with dask.config.set({f"jobqueue.{system}.{k}": v for k, v in conf["jobqueue"][system].items()}):
+        cluster = cls(scheduler_options=NO_DASHBOARD, account="proj")
+        try:
+            script = cluster.job_script()  # jobs read the config when they are made
+        finally:
+            cluster.close()
+    args = _worker_command(script)
+    assert args[1:3] == ["-m", "dask_cuda.cli"]
+    assert _last(args, "--nthreads") == "8" and _last(args, "--memory-limit") == "120GB"
+    assert _last(args, "--preload") == "gpuzarr_dist.runtime.preload" and "--rmm-async" in args
+    assert "conda activate gpuzarr" in script
+    assert ("#PBS -l select=1:ncpus=64:ngpus=4:mem=480GB" in script if system == "pbs"
+            else "#SBATCH --gres=gpu:4" in script)

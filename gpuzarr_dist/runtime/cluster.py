@@ -248,6 +248,69 @@ def _sched_info_params() -> tuple[str, ...]:
     return tuple(inspect.signature(distributed.Client.scheduler_info).parameters)
 
 
+def _local_cluster(n_gpus: int | None, threads_per_gpu: int | None, device: str, memory_limit: Any,
+                   device_memory_limit: Any, rmm: bool | None, env: dict | None, dashboard_address: str | None,
+                   kwargs: dict) -> tuple[Any, WorkerSetup, str]:
+    """Start the local cluster :func:`start_cluster` describes; return it, its worker plugin and a description."""
+    kind = "cpu"
+    if device != "cpu":
+        ok, why = gpu_status()
+        if not ok:
+            if device == "gpu":
+                raise DeviceUnavailableError(
+                    f"start_cluster(device='gpu') was asked for, but {why}. Use device='cpu' or 'auto'.")
+            reason = why
+        else:
+            try:
+                cluster_cls = _local_cuda_cluster_class()
+                kind = "gpu"
+            except DeviceUnavailableError as e:
+                if device == "gpu":
+                    raise
+                reason = str(e)
+                warnings.warn(f"GPUs found but starting a CPU cluster: {e}", RuntimeWarning, stacklevel=4)
+
+    spawn_env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
+    spawn_env.update({k: str(v) for k, v in (env or {}).items()})
+    gz_config = _gpuzarr_config()
+    if kind == "gpu":
+        opts = gpu_cluster_kwargs(_gpu_devices(), n_gpus, threads_per_gpu, memory_limit, device_memory_limit,
+                                  rmm, dashboard_address, kwargs)
+        plugin = WorkerSetup(gz_config, "gpu", share_pool=rmm is not False)
+        desc = (f"LocalCUDACluster: {opts['n_workers']} worker(s), one per GPU "
+                f"(CUDA_VISIBLE_DEVICES {','.join(map(str, opts['CUDA_VISIBLE_DEVICES']))}), "
+                f"{opts['threads_per_worker']} thread(s) each")
+    else:
+        cluster_cls = distributed.LocalCluster
+        opts = cpu_cluster_kwargs(n_gpus, threads_per_gpu, memory_limit, dashboard_address, kwargs)
+        if gz_config.get("decode-threads") is None:
+            # each process decodes on its own pool: give it its share of the cores, not all of them
+            gz_config["decode-threads"] = max(1, (os.cpu_count() or 1) // opts["n_workers"])
+        plugin = WorkerSetup(gz_config, "cpu")
+        desc = (f"LocalCluster (CPU{'' if device == 'cpu' else ': ' + reason}): "
+                f"{opts['n_workers']} worker process(es), {opts['threads_per_worker']} thread(s) each")
+
+    opts["preload"] = [*opts.get("preload", []), "gpuzarr_dist.runtime.preload"]
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_env, "gpuzarr": gz_config}):
+        cluster = cluster_cls(**opts)
+    return cluster, plugin, desc
+
+
+def local_cluster(n_gpus: int | None = None, *, threads_per_gpu: int | None = None, device: str = "auto",
+                  memory_limit: Any = "auto", device_memory_limit: Any = DEFAULT_DEVICE_MEMORY_LIMIT,
+                  rmm: bool | None = None, env: dict[str, str] | None = None,
+                  dashboard_address: str | None = ":8787", **kwargs: Any) -> Any:
+    """The cluster :func:`start_cluster` starts, without a client: for dask-labextension's cluster factory.
+
+    Workers set themselves up through the :mod:`gpuzarr_dist.runtime.preload` preload.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+    configure_dashboard_link()
+    return _local_cluster(n_gpus, threads_per_gpu, device, memory_limit, device_memory_limit, rmm, env,
+                          dashboard_address, kwargs)[0]
+
+
 # -- start_cluster -----------------------------------------------------------------------
 
 
@@ -314,52 +377,15 @@ def start_cluster(
     if address is not None or scheduler_file is not None:
         return _connect(address, scheduler_file, n_gpus, threads_per_gpu, device, quiet, kwargs)
 
-    kind = "cpu"
-    if device != "cpu":
-        ok, why = gpu_status()
-        if not ok:
-            if device == "gpu":
-                raise DeviceUnavailableError(
-                    f"start_cluster(device='gpu') was asked for, but {why}. Use device='cpu' or 'auto'.")
-            reason = why
-        else:
-            try:
-                cluster_cls = _local_cuda_cluster_class()
-                kind = "gpu"
-            except DeviceUnavailableError as e:
-                if device == "gpu":
-                    raise
-                reason = str(e)
-                warnings.warn(f"GPUs found but starting a CPU cluster: {e}", RuntimeWarning, stacklevel=2)
-
-    spawn_env = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {})
-    spawn_env.update({k: str(v) for k, v in (env or {}).items()})
-    gz_config = _gpuzarr_config()
-    if kind == "gpu":
-        opts = gpu_cluster_kwargs(_gpu_devices(), n_gpus, threads_per_gpu, memory_limit, device_memory_limit,
-                                  rmm, dashboard_address, kwargs)
-        plugin = WorkerSetup(gz_config, "gpu", share_pool=rmm is not False)
-        desc = (f"LocalCUDACluster: {opts['n_workers']} worker(s), one per GPU "
-                f"(CUDA_VISIBLE_DEVICES {','.join(map(str, opts['CUDA_VISIBLE_DEVICES']))}), "
-                f"{opts['threads_per_worker']} thread(s) each")
-    else:
-        cluster_cls = distributed.LocalCluster
-        opts = cpu_cluster_kwargs(n_gpus, threads_per_gpu, memory_limit, dashboard_address, kwargs)
-        if gz_config.get("decode-threads") is None:
-            # each process decodes on its own pool: give it its share of the cores, not all of them
-            gz_config["decode-threads"] = max(1, (os.cpu_count() or 1) // opts["n_workers"])
-        plugin = WorkerSetup(gz_config, "cpu")
-        desc = (f"LocalCluster (CPU{'' if device == 'cpu' else ': ' + reason}): "
-                f"{opts['n_workers']} worker process(es), {opts['threads_per_worker']} thread(s) each")
-
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_env, "gpuzarr": gz_config}):
-        cluster = cluster_cls(**opts)
+    cluster, plugin, desc = _local_cluster(n_gpus, threads_per_gpu, device, memory_limit, device_memory_limit,
+                                           rmm, env, dashboard_address, kwargs)
+    n_workers = len(cluster.worker_spec)
     try:
         client = distributed.Client(cluster)
         # the client closes the cluster it was given only when it started it itself: make it so
         client._start_arg = None
         client.register_plugin(plugin, name=PLUGIN_NAME)
-        client.wait_for_workers(opts["n_workers"], timeout=dask.config.get("distributed.comm.timeouts.connect"))
+        client.wait_for_workers(n_workers, timeout=dask.config.get("distributed.comm.timeouts.connect"))
     except BaseException:
         cluster.close()
         raise

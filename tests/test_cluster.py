@@ -365,3 +365,17 @@ def test_labextension_factory_config():
             assert client.submit(sum, [1, 2]).result() == 3
     finally:
         cluster.close()
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_time_mean(tmp_path):
+    """On GPUs: one dask-cuda worker per GPU, the pool shared, a time mean right (needs dask-cuda)."""
+    pytest.importorskip("dask_cuda")
+    from gpuzarr_dist.demo import make_era5_like
+
+    store = make_era5_like(str(tmp_path / "era5.zarr"), 16)
+    with gz.start_cluster(device="gpu", threads_per_gpu=4, dashboard_address=None, quiet=True) as client:
+        states = client.run(cluster_mod.worker_state)
+        assert all(s["device"] == "gpu" and "nvCOMP" in s["pool"] for s in states.values()), states
+        m = gz.from_zarr_gpu(store.path, chunks=(4, 721, 1440)).mean(axis=0).compute().get()
+    np.testing.assert_allclose(m, store.reference_mean(), rtol=1e-5)

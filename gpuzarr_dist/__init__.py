@@ -50,4 +50,14 @@ __all__ = [
     "to_zarr_gpu",
     "WindowSampler",
     "sample_windows",
+    "start_cluster",
 ]
+
+
+def __getattr__(name: str):
+    # start_cluster imports distributed's cluster machinery: load it on first use, not at import
+    if name == "start_cluster":
+        from .runtime.cluster import start_cluster
+
+        return start_cluster
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

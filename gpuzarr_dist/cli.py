@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Describe a Zarr array (or list the arrays of a group): shape, dtype, chunks, the codec "
         "chain and which codecs decode on the GPU, and the dask blocks chunks='auto' would choose.",
     )
-    info.add_argument("path", metavar="PATH", help="a local path or URL of a Zarr store")
+    info.add_argument("path", metavar="PATH", nargs="?",
+                      help="a local path or URL of a Zarr store (without one: this machine's GPUs)")
     info.add_argument("--component", metavar="NAME", help="the array's path inside a group")
     info.set_defaults(func=_cmd_info)
 
@@ -108,7 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "shards":
             b.add_argument("--windows", metavar="N", type=_positive_int, help="random windows to read (default 2048)")
             b.add_argument("--batch", metavar="N", type=_positive_int, help="windows per WindowSampler call (default 64)")
+    scale = bench_sub.add_parser("scale", help="read + time mean on 1, 2, 4 GPUs of this machine, "
+                                 "beside the aggregate read ceiling; a reduction larger than one GPU's memory")
+    scale.add_argument("--quick", action="store_true", help="a small array on 1 and 2 CPU workers, in seconds")
+    scale.add_argument("--gb-per-gpu", metavar="GB", type=float, help="decompressed GB per GPU (default 40)")
+    scale.add_argument("--gpus", metavar="N", type=_positive_int, action="append",
+                       help="GPU counts to run (repeat; default 1, 2, 4 up to the GPUs present)")
+    scale.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+    scale.add_argument("--out", metavar="DIR", help="folder for the result tables")
+    scale.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    scale.add_argument("--threads", metavar="N", type=_positive_int, help="threads per worker (default 8)")
+    scale.add_argument("--no-large", action="store_true", help="skip the larger-than-one-GPU reduction")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
+    _add_cluster_parser(sub)
     return parser
 
 
@@ -260,6 +273,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .errors import GpuZarrError
     from .stores.source import open_source
 
+    if args.path is None:
+        _print_machine()
+        return 0
     source = args.path
     name = _display_name(source, args.component)
     try:
@@ -270,10 +286,92 @@ def _cmd_info(args: argparse.Namespace) -> int:
             return 0
         store, spec = open_source(source, args.component)
         _print_array(spec, _stored_bytes(store, spec), name)
+        _print_gpus("  ")
     except FileNotFoundError as e:
         raise _CliError(f"no Zarr array or group at {name}") from e
     except (GpuZarrError, ValueError, OSError) as e:
         raise _CliError(str(e)) from e
+    return 0
+
+
+def _print_gpus(indent: str = "") -> None:
+    """The driver's GPUs (name, memory, driver version), one line each."""
+    from .runtime.gpus import list_gpus, visible_devices
+
+    gpus = list_gpus()
+    visible = visible_devices()
+    note = f" (CUDA_VISIBLE_DEVICES={','.join(visible)})" if visible is not None else ""
+    print(f"{indent}gpus         {len(gpus)}{note}" if indent else f"GPUs: {len(gpus)}{note}")
+    for g in gpus:
+        print(f"{indent}  {g.describe()}")
+
+
+def _print_machine() -> None:
+    import importlib.util
+    import platform
+
+    from .runtime.device import gpu_status
+
+    print(f"{_version()} on {platform.node()}, Python {platform.python_version()}, {os.cpu_count()} CPU cores")
+    _print_gpus()
+    ok, why = gpu_status()
+    print(f"GPU reads: {'yes, ' + why if ok else 'no: ' + why}")
+    cuda = importlib.util.find_spec("dask_cuda") is not None
+    print(f"start_cluster: {'one dask-cuda worker per GPU' if ok and cuda else 'a CPU cluster'}"
+          f"{'' if cuda else ' (dask-cuda is not installed)'}")
+    print(f"look at a store with: {PROG} info PATH")
+
+
+# -- cluster ----------------------------------------------------------------------
+
+
+def _add_cluster_parser(sub: Any) -> None:
+    cluster = sub.add_parser(
+        "cluster",
+        help="start a local dask cluster (one worker per GPU) and wait",
+        description="Start a local dask cluster with gpuzarr_dist.start_cluster (one dask-cuda worker per GPU, "
+        "or worker processes on the CPU), print its address and dashboard, and wait until Ctrl-C. "
+        "Connect from Python with gpuzarr_dist.start_cluster(address=...) or distributed.Client(...).",
+    )
+    cluster.add_argument("--n-gpus", metavar="N", type=_positive_int,
+                         help="GPUs to use, one worker each (default: all visible); worker processes on the CPU")
+    cluster.add_argument("--threads-per-gpu", metavar="N", type=_positive_int, help="threads per worker (default 8)")
+    cluster.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
+                         help="auto (default): a GPU cluster when GPUs and dask-cuda are usable")
+    cluster.add_argument("--scheduler-file", metavar="FILE", help="write the scheduler's address to FILE")
+    cluster.add_argument("--dashboard-address", metavar="ADDR", default=":8787",
+                         help="dashboard address (default :8787; 'none' for no dashboard)")
+    cluster.add_argument("--host", metavar="HOST", help="interface address the scheduler listens on "
+                         "(default: localhost only)")
+    cluster.add_argument("--run-for", metavar="SECONDS", type=float, help=argparse.SUPPRESS)
+    cluster.set_defaults(func=_cmd_cluster)
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    import time
+
+    from .runtime.cluster import start_cluster
+
+    kwargs: dict[str, Any] = {}
+    if args.scheduler_file:
+        kwargs["scheduler_kwargs"] = {"scheduler_file": args.scheduler_file}
+    if args.host:
+        kwargs["host"] = args.host
+    dashboard = None if args.dashboard_address.lower() == "none" else args.dashboard_address
+    client = start_cluster(args.n_gpus, threads_per_gpu=args.threads_per_gpu, device=args.device,
+                           dashboard_address=dashboard, **kwargs)
+    try:
+        print(f"connect with: gpuzarr_dist.start_cluster(address={client.scheduler.address!r})"
+              + (f" or start_cluster(scheduler_file={args.scheduler_file!r})" if args.scheduler_file else ""))
+        print("press Ctrl-C to stop the cluster", flush=True)
+        end = None if args.run_for is None else time.monotonic() + args.run_for
+        while end is None or time.monotonic() < end:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        client.close()
+    print("cluster stopped", flush=True)
     return 0
 
 

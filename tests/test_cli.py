@@ -169,7 +169,7 @@ def test_example_script_runs():
     assert "global mean 2 m temperature" in r.stdout and " K" in r.stdout
 
 
-@pytest.mark.parametrize("argv", [["demo", "--time-steps", "0"], ["demo", "--device", "tpu"], ["info"]])
+@pytest.mark.parametrize("argv", [["demo", "--time-steps", "0"], ["demo", "--device", "tpu"], ["info", "a.zarr", "b.zarr"], ["cluster", "--n-gpus", "0"]])
 def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)

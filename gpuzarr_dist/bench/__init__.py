@@ -22,4 +22,8 @@ def main(args) -> int:
         from .remote import run as run_remote
 
         return run_remote(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote")
+    if name == "scale":
+        from .scale import run as run_scale
+
+        return run_scale(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale")

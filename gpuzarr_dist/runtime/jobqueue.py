@@ -3,7 +3,7 @@
 Each batch job asks for one node's worth of GPUs, cores and memory and runs
 ``python -m dask_cuda.cli`` (the ``dask cuda worker`` command), which starts
 one worker process per GPU of the job with ``threads_per_gpu`` threads each,
-RMM's stream-ordered pool shared by CuPy and nvCOMP, and device memory spilling.
+RMM's stream-ordered pool behind CuPy, and device memory spilling.
 Every worker preloads :mod:`gpuzarr_dist.runtime.preload`; the client's
 ``gpuzarr.*`` settings are exported as ``DASK_GPUZARR__*`` variables in the job
 script. With ``device="cpu"`` the jobs run plain ``dask worker`` processes.

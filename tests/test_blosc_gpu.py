@@ -103,7 +103,8 @@ def test_zarr_v2_default_compressor(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         got = gz.from_zarr_gpu(path, device="gpu").mean(axis=0).compute()
-    np.testing.assert_allclose(got.get(), data.astype("f8").mean(axis=0), rtol=1e-5)
+    # a float32 mean on the device against a float64 one: absolute slack for means near zero
+    np.testing.assert_allclose(got.get(), data.astype("f8").mean(axis=0), rtol=1e-5, atol=1e-4)
 
 
 def test_blosclz_frames_fall_back_with_one_warning(tmp_path):
@@ -123,7 +124,8 @@ def test_blosclz_frames_fall_back_with_one_warning(tmp_path):
 
 def test_frames_of_another_compressor_than_the_metadata_says(tmp_path):
     """Metadata says lz4, one chunk was written with blosclz: decoded on the CPU, right values, one warning."""
-    data = make_data("float32", (40, 30), seed=8)
+    # compressible: random floats may be stored whole (memcpyed), which the GPU copies without blosclz
+    data = (np.arange(40 * 30) % 7).astype("float32").reshape(40, 30)
     path = str(tmp_path / "m.zarr")
     write_array(path, data, (10, 30), zarr_format=2, compressors=numcodecs.Blosc(cname="lz4", shuffle=1))
     with open(os.path.join(path, "1.0"), "wb") as f:

@@ -270,3 +270,23 @@ def test_gpu_check_script():
                        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     print(r.stdout[-4000:], r.stderr[-4000:])
     assert r.returncode == 0
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_bench_cubed_quick(tmp_path):
+    from gpuzarr_dist.cli import main
+
+    code = main(["bench", "cubed", "--quick", "--device", "cpu", "--threads", "2", "--out", str(tmp_path)])
+    assert code == 0
+    import json
+
+    res = json.load(open(tmp_path / "bench-cubed.json"))
+    assert res["nbytes"] >= 10 * res["allowed_mem"]
+    kinds = {r["kind"]: r for r in res["rows"]}
+    assert set(kinds) == {"ours-cubed", "ours-dask", "cubed-cpu"}
+    for r in kinds.values():
+        assert "error" not in r, r
+        assert r["err_mean"] < 1e-3 and r["err_anomaly"] < 1e-3

@@ -10,4 +10,8 @@ def main(args) -> int:
         from .read import run
 
         return run(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read")
+    if name == "cubed":
+        from .cubed import run as run_cubed
+
+        return run_cubed(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, cubed")

@@ -120,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
     scale.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     scale.add_argument("--threads", metavar="N", type=_positive_int, help="threads per worker (default 8)")
     scale.add_argument("--no-large", action="store_true", help="skip the larger-than-one-GPU reduction")
+    cub = bench_sub.add_parser("cubed", help="time mean and anomaly, bounded memory: our Cubed variant, our dask "
+                               "path and Cubed on the CPU",
+                               description="A time mean and a time anomaly (x - x.mean(0), written to Zarr) over an "
+                               "array at least 10x allowed_mem, through gpuzarr-dist's Cubed variant, its dask path "
+                               "and plain Cubed on the CPU, each in its own process; GB/s, ratios, peak per task.")
+    cub.add_argument("--quick", action="store_true", help="a small array (seconds, on the CPU without a GPU)")
+    cub.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the (time, 721, 1440) array")
+    cub.add_argument("--allowed-mem", metavar="SIZE", help="per-task memory budget (default: the array's size / 10)")
+    cub.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+    cub.add_argument("--out", metavar="DIR", help="folder for bench-cubed.json")
+    cub.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    cub.add_argument("--threads", metavar="N", type=_positive_int, help="threads per row (default: min(16, CPUs))")
+    cub.add_argument("--no-progress", action="store_true", help="no progress bars")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     _add_cluster_parser(sub)
     return parser

@@ -26,4 +26,8 @@ def main(args) -> int:
         from .scale import run as run_scale
 
         return run_scale(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale")
+    if name == "cubed":
+        from .cubed import run as run_cubed
+
+        return run_cubed(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed")

@@ -1,0 +1,277 @@
+"""``gpuzarr-dist bench cubed``: a time mean and a time anomaly over an array at least 10x ``allowed_mem``,
+through gpuzarr-dist's Cubed variant, gpuzarr-dist's dask path and plain Cubed on the CPU, in one run.
+
+Each row runs in its own Python process: cubed fixes its array backend (numpy
+or cupy) at import, so our GPU Cubed and plain CPU Cubed cannot share one.
+Each child times ``mean(x, axis=0)`` (computed into memory) and
+``x - mean(x, axis=0)`` (written to a Zarr store, so the anomaly never has to
+fit in memory), checks the mean against a float64 numpy mean and three time
+steps of the anomaly against numpy, and prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+ROWS = {
+    "ours-cubed": "gpuzarr-dist Cubed variant (from_zarr_gpu + ThreadsExecutor)",
+    "ours-dask": "gpuzarr-dist dask path (from_zarr_gpu, threads)",
+    "cubed-cpu": "Cubed on the CPU (cubed.from_zarr, numpy, threads)",
+}
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+def write_data(path: str, shape: tuple[int, int, int], chunks: tuple[int, int, int]) -> np.ndarray:
+    """Write a float32 (time, y, x) zstd store with zarr-python; return the float64 time mean (kept as mean.npy)."""
+    import zarr
+
+    ref_path = os.path.join(path, "mean.npy")
+    arr_path = os.path.join(path, "x.zarr")
+    if os.path.exists(ref_path) and os.path.exists(arr_path):
+        a = zarr.open_array(arr_path, mode="r")
+        if tuple(a.shape) == shape and tuple(a.chunks) == chunks:
+            return np.load(ref_path)
+    shutil.rmtree(arr_path, ignore_errors=True)
+    a = zarr.create_array(arr_path, shape=shape, chunks=chunks, dtype="float32",
+                          compressors=zarr.codecs.ZstdCodec(level=0), overwrite=True)
+    rng = np.random.default_rng(0)
+    total = np.zeros(shape[1:], dtype="f8")
+    base = 250 + 30 * np.cos(np.linspace(-np.pi / 2, np.pi / 2, shape[1]))[:, None] * np.ones(shape[2])
+    for t0 in range(0, shape[0], chunks[0]):
+        n = min(chunks[0], shape[0] - t0)
+        block = (base[None] + 5 * rng.standard_normal((n,) + shape[1:])).astype("f4")
+        a[t0:t0 + n] = block
+        total += block.sum(axis=0, dtype="f8")
+    mean = total / shape[0]
+    np.save(ref_path, mean)
+    return mean
+
+
+# -- children ---------------------------------------------------------------------------------
+
+
+def _host(v: Any) -> np.ndarray:
+    return v.get() if hasattr(v, "get") else np.asarray(v)
+
+
+def _check(path: str, out_path: str, mean: Any) -> tuple[float, float]:
+    import zarr
+
+    ref = np.load(os.path.join(path, "mean.npy"))
+    err_mean = float(np.max(np.abs(_host(mean).astype("f8") - ref)))
+    x = zarr.open_array(os.path.join(path, "x.zarr"), mode="r")
+    out = zarr.open_array(out_path, mode="r")
+    err = 0.0
+    for t in sorted({0, x.shape[0] // 2, x.shape[0] - 1}):
+        expect = _host(x[t]).astype("f8") - ref
+        err = max(err, float(np.max(np.abs(_host(out[t]).astype("f8") - expect))))
+    return err_mean, err
+
+
+def child(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
+    src = os.path.join(path, "x.zarr")
+    work = tempfile.mkdtemp(prefix=f"bench-cubed-{kind}-", dir=path)
+    out_path = os.path.join(work, "anomaly.zarr")
+    res: dict[str, Any] = {"kind": kind, "device": device}
+    try:
+        if kind == "ours-cubed":
+            import gpuzarr_dist.cubed as gc
+
+            s = gc.spec(allowed, work, device=device, executor=None)
+            s.executor.max_workers = threads if device == "cpu" else None
+            import cubed
+            import cubed.array_api as xp
+
+            peaks: list[int] = []
+
+            class Peaks(cubed.Callback):
+                def on_task_end(self, event: Any) -> None:
+                    if event.peak_measured_mem_end is not None and event.name != "create-arrays":
+                        peaks.append(int(event.peak_measured_mem_end) - int(event.peak_measured_mem_start or 0))
+
+            cbs = [Peaks()] + ([gc.progress_bar()] if progress else [])
+            x = gc.from_zarr_gpu(src, spec=s)
+            t = time.perf_counter()
+            m = xp.mean(x, axis=0).compute(callbacks=cbs)
+            res["mean_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs)
+            res["anomaly_s"] = time.perf_counter() - t
+            res["peak_task_bytes"] = max(peaks) if peaks else None
+            res["reserved_mem"] = s.reserved_mem
+            res["blocks"] = [list(c[:2]) for c in x.chunks]
+        elif kind == "ours-dask":
+            import dask
+            import dask.array as da
+
+            import gpuzarr_dist as gz
+
+            if device == "gpu":
+                import zarr
+
+                zarr.config.set({"buffer": "zarr.buffer.gpu.Buffer", "ndbuffer": "zarr.buffer.gpu.NDBuffer"})
+            x = gz.from_zarr_gpu(src, device=device)
+            with dask.config.set(scheduler="threads", num_workers=threads):
+                t = time.perf_counter()
+                m = x.mean(axis=0).compute()
+                res["mean_s"] = time.perf_counter() - t
+                t = time.perf_counter()
+                da.to_zarr(x - x.mean(axis=0), out_path)
+                res["anomaly_s"] = time.perf_counter() - t
+        elif kind == "cubed-cpu":
+            import cubed
+            import cubed.array_api as xp
+            from cubed.runtime.executors.local import ThreadsExecutor
+
+            s = cubed.Spec(work, allowed_mem=allowed, reserved_mem=0, executor=ThreadsExecutor(max_workers=threads))
+            x = cubed.from_zarr(src, spec=s)
+            cbs = []
+            if progress:
+                import gpuzarr_dist.cubed as gc
+
+                cbs = [gc.progress_bar()]
+            t = time.perf_counter()
+            m = xp.mean(x, axis=0).compute(callbacks=cbs)
+            res["mean_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs)
+            res["anomaly_s"] = time.perf_counter() - t
+        else:
+            raise ValueError(f"unknown row {kind!r}")
+        res["err_mean"], res["err_anomaly"] = _check(path, out_path, m)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+# -- parent -----------------------------------------------------------------------------------
+
+
+def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
+    env = dict(os.environ)
+    env.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)
+    row_device = "cpu" if kind == "cubed-cpu" else device
+    cmd = [sys.executable, "-m", "gpuzarr_dist.bench.cubed", "--child", kind, "--path", path,
+           "--allowed-mem", str(allowed), "--device", row_device, "--threads", str(threads)]
+    if progress:
+        cmd.append("--progress")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, env=env)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        err = (p.stderr or "").strip().splitlines()[-5:]
+        return {"kind": kind, "error": f"exit {p.returncode}: " + " | ".join(err)}
+    return json.loads(lines[-1])
+
+
+def run(args: argparse.Namespace) -> int:
+    from dask.utils import format_bytes, parse_bytes
+
+    from ..runtime.device import resolve_device
+
+    device = resolve_device(getattr(args, "device", "auto") or "auto")
+    quick = bool(getattr(args, "quick", False))
+    steps = getattr(args, "time_steps", None) or (80 if quick else (400 if device == "gpu" else 96))
+    ny, nx = (32, 40) if quick else (721, 1440)
+    chunks = (4, 16, 20) if quick else (8, 181, 360)
+    shape = (steps, ny, nx)
+    nbytes = 4 * steps * ny * nx
+    allowed = int(parse_bytes(args.allowed_mem)) if getattr(args, "allowed_mem", None) else nbytes // 10
+    threads = getattr(args, "threads", None) or min(16, os.cpu_count() or 1)
+    if nbytes < 10 * allowed:
+        print(f"note: the array ({format_bytes(nbytes)}) is less than 10x allowed_mem ({format_bytes(allowed)})",
+              file=sys.stderr)
+    base = getattr(args, "path", None)
+    tmp = None if base else tempfile.mkdtemp(prefix="gpuzarr-bench-cubed-")
+    path = base or tmp
+    os.makedirs(path, exist_ok=True)
+    progress = not quick and not getattr(args, "no_progress", False)
+    try:
+        print(f"writing float32 {shape}, chunks {chunks}, zstd ({format_bytes(nbytes)}) ...", file=sys.stderr)
+        write_data(path, shape, chunks)
+        rows = []
+        for kind in ROWS:
+            print(f"running {ROWS[kind]} ...", file=sys.stderr, flush=True)
+            rows.append(_spawn(kind, path, allowed, device, threads, progress))
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
+              "threads": threads, "rows": rows}
+    print(format_result(result))
+    out = getattr(args, "out", None)
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "bench-cubed.json"), "w") as f:
+            json.dump(result, f, indent=1)
+    bad = [r for r in rows if "error" in r or r.get("err_mean", 1) > 1e-3 or r.get("err_anomaly", 1) > 1e-3]
+    peak = next((r.get("peak_task_bytes") for r in rows if r["kind"] == "ours-cubed"), None)
+    over = device == "gpu" and peak is not None and peak > allowed
+    return 1 if bad or over else 0
+
+
+def format_result(res: dict) -> str:
+    from dask.utils import format_bytes
+
+    n = res["nbytes"]
+    lines = [f"time mean and time anomaly (x - x.mean(0), written to Zarr) of float32 {tuple(res['shape'])}, "
+             f"chunks {tuple(res['chunks'])}, {format_bytes(n)}; allowed_mem {format_bytes(res['allowed_mem'])} "
+             f"({n / res['allowed_mem']:.0f}x smaller); device {res['device']}; {res['threads']} threads",
+             f"{'row':<62} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
+    rate = {}
+    for r in res["rows"]:
+        label = ROWS.get(r["kind"], r["kind"])
+        if "error" in r:
+            lines.append(f"{label:<62} failed: {r['error']}")
+            continue
+        gm, ga = n / r["mean_s"] / 1e9, n / r["anomaly_s"] / 1e9
+        rate[r["kind"]] = (gm, ga)
+        err = max(r["err_mean"], r["err_anomaly"])
+        lines.append(f"{label:<62} {gm:>10.3f} {ga:>13.3f} {err:>9.2e}")
+    ours = rate.get("ours-cubed")
+    for other, target in (("ours-dask", 0.5), ("cubed-cpu", 3.0)):
+        if ours and other in rate:
+            rm, ra = ours[0] / rate[other][0], ours[1] / rate[other][1]
+            lines.append(f"Cubed variant / {ROWS[other].split(' (')[0]}: mean {rm:.2f}x, anomaly {ra:.2f}x "
+                         f"(target >= {target}x)")
+    oc = next((r for r in res["rows"] if r["kind"] == "ours-cubed" and "error" not in r), None)
+    if oc and oc.get("peak_task_bytes") is not None:
+        p = oc["peak_task_bytes"]
+        if res["device"] == "gpu":
+            lines.append(f"measured peak device memory per task (CuPy pool, nvCOMP scratch outside it): "
+                         f"{format_bytes(p)} of allowed_mem {format_bytes(res['allowed_mem'])} "
+                         f"({'within' if p <= res['allowed_mem'] else 'OVER'}); "
+                         f"reserved_mem {format_bytes(oc['reserved_mem'])}")
+        else:
+            lines.append(f"host memory: largest growth of the process's peak RSS during one task {format_bytes(p)} "
+                         f"(cubed's measure, process-wide, not per task); reserved_mem {format_bytes(oc['reserved_mem'])}")
+    return "\n".join(lines)
+
+
+def _main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpuzarr_dist.bench.cubed")
+    p.add_argument("--child", required=True, choices=sorted(ROWS))
+    p.add_argument("--path", required=True)
+    p.add_argument("--allowed-mem", type=int, required=True)
+    p.add_argument("--device", choices=("gpu", "cpu"), required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--progress", action="store_true")
+    a = p.parse_args(argv)
+    res = child(a.child, a.path, a.allowed_mem, a.device, a.threads, a.progress)
+    print(json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

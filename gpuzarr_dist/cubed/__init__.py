@@ -1,0 +1,61 @@
+"""gpuzarr-dist's Cubed variant: bounded-memory plans whose tasks read, decode and compute on the GPU.
+
+```python
+import gpuzarr_dist.cubed as gc           # imports neither cubed nor cupy
+
+spec = gc.spec("4 GB", work_dir="/scratch/tmp")   # per-task GPU memory; sets cubed's backend to cupy
+x = gc.from_zarr_gpu("era5.zarr", "t2m", spec=spec)  # a cubed.Array read through nvCOMP batches
+anomaly = x - x.mean(axis=0)
+anomaly.compute(callbacks=[gc.progress_bar()])
+```
+
+Cubed reads its array backend from ``CUBED_BACKEND_ARRAY_API_MODULE`` once,
+at import: call :func:`spec` (or :func:`use_backend`) before anything imports
+cubed. Importing this package does not import cubed; the executors and the
+progress bar are loaded on first use, after the backend is set for ``"auto"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .backend import CubedBackendError, use_backend, worker_environ
+from .memory import default_reserved_mem
+from .reader import MemoryBudgetError, from_zarr_gpu
+from .spec import spec
+
+_LAZY = {
+    "ThreadsExecutor": "executor",
+    "DistributedExecutor": "executor",
+    "progress_bar": "progress",
+    "TextProgress": "progress",
+}
+
+
+def __getattr__(name: str) -> Any:
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    import sys
+
+    if "cubed" not in sys.modules:  # these modules import cubed: choose its backend first
+        from .spec import choose_device
+
+        use_backend(choose_device("auto"))
+    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+
+
+__all__ = [
+    "CubedBackendError",
+    "DistributedExecutor",
+    "MemoryBudgetError",
+    "TextProgress",
+    "ThreadsExecutor",
+    "default_reserved_mem",
+    "from_zarr_gpu",
+    "progress_bar",
+    "spec",
+    "use_backend",
+    "worker_environ",
+]

@@ -1,0 +1,183 @@
+"""Memory: the per-task budget split (``reserved_mem`` and read blocks) and the measured peak of each task.
+
+Budget (documented in the README, "Cubed"): a task reading a block of ``B``
+decompressed bytes holds, on the GPU, the compressed bytes on the device
+(at most ``B``), the decoded chunks (``B``), the block (``B``) and nvCOMP's zstd
+scratch space (measured: 12.7 MB for a 4 MB chunk, about 3.2 bytes per
+compressed byte). Cubed counts the array data itself (its ``projected_mem`` for
+the read task is ``reserved_mem`` + 2 x the input chunk (a virtual array, counted
+at the block's size) + 2 x the block = ``reserved_mem + 4 B``), so the decoder's
+workspace that cubed does not see goes into ``reserved_mem``:
+
+    reserved_mem = WORKSPACE[device] * read_block + POOL_SLACK[device]
+    WORKSPACE = {"gpu": 4.2 (compressed copy 1 + zstd scratch 3.2), "cpu": 1.0 (compressed bytes)}
+    read_block  = allowed_mem // 8 unless given
+
+and ``from_zarr_gpu`` reads blocks of at most ``min(read_block, (allowed_mem -
+reserved_mem) / 4)`` bytes (0.119 x allowed_mem on the GPU, 0.125 x on the CPU), so
+cubed's projection fits ``allowed_mem`` and the workspace covers incompressible data.
+
+Measured peak per task: on the GPU, the bytes a task's thread holds from
+CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
+task, minus those freed in it, at their highest). nvCOMP allocates its scratch
+itself, outside CuPy's pool, so that part is not in the measurement; it is
+what ``reserved_mem`` holds back. On the CPU the default is cubed's own
+measure (the process's peak resident set, ``ru_maxrss``), or, with
+``measure="tracemalloc"``, the peak of Python and numpy allocations during the
+task (exact per task when one task runs at a time).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+WORKSPACE = {"gpu": 4.2, "cpu": 1.0}
+POOL_SLACK = {"gpu": 2 << 20, "cpu": 0}  # CuPy pool rounding (512-byte units, 1 MiB staging round-up) and kernels
+READ_BLOCK_FRACTION = 8
+
+
+def default_read_block(allowed_mem: int) -> int:
+    """The decompressed size of the read blocks from_zarr_gpu aims for under ``allowed_mem``."""
+    return max(1, allowed_mem // READ_BLOCK_FRACTION)
+
+
+def default_reserved_mem(allowed_mem: int, device: str, read_block: int | None = None) -> int:
+    """``reserved_mem`` covering the decoders' and pools' workspace (see the module docstring)."""
+    rb = default_read_block(allowed_mem) if read_block is None else read_block
+    return int(math.ceil(WORKSPACE[device] * rb)) + POOL_SLACK[device]
+
+
+def min_allowed(chunk_bytes: int, device: str) -> int:
+    """The smallest ``allowed_mem`` under which spec()'s defaults read blocks of one ``chunk_bytes`` chunk."""
+    free = 1 - WORKSPACE[device] / READ_BLOCK_FRACTION
+    return int(math.ceil(max(READ_BLOCK_FRACTION * chunk_bytes, (4 * chunk_bytes + POOL_SLACK[device]) / free)))
+
+
+# -- measurement -----------------------------------------------------------------
+
+
+class _Measure:
+    """Context manager measuring one task's peak memory in the running thread; ``peak`` in bytes after exit."""
+
+    start: int = 0
+    peak: int = 0
+
+    def __enter__(self) -> "_Measure":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class _RssMeasure(_Measure):
+    """Cubed's own measure: the process's peak resident set size (start and end of the task)."""
+
+    def __enter__(self) -> "_RssMeasure":
+        self.start = _rss()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.peak = _rss()
+
+
+def _rss() -> int:
+    try:
+        from cubed.utils import peak_measured_mem
+
+        return int(peak_measured_mem())
+    except Exception:  # Windows, or cubed missing
+        return 0
+
+
+_tracemalloc_lock = threading.Lock()
+
+
+class _TracemallocMeasure(_Measure):
+    """Peak of traced allocations (numpy reports its buffers to tracemalloc) during the task."""
+
+    def __enter__(self) -> "_TracemallocMeasure":
+        import tracemalloc
+
+        with _tracemalloc_lock:
+            if not tracemalloc.is_tracing():
+                tracemalloc.start()
+            tracemalloc.reset_peak()
+            self._base = tracemalloc.get_traced_memory()[0]
+        self.start = 0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        import tracemalloc
+
+        self.peak = max(0, tracemalloc.get_traced_memory()[1] - self._base)
+
+
+_hook_cls: Any = None
+
+
+def _gpu_hook_class() -> Any:
+    global _hook_cls
+    if _hook_cls is None:
+        from cupy.cuda import memory_hook
+
+        class ThreadPeakHook(memory_hook.MemoryHook):
+            """Counts what this thread takes from and gives back to CuPy's pool (hooks are thread-local)."""
+
+            name = "gpuzarr-cubed-peak"
+
+            def __init__(self) -> None:
+                self.live: dict[int, int] = {}
+                self.current = 0
+                self.peak = 0
+
+            def malloc_postprocess(self, device_id: int, size: int, mem_size: int, mem_ptr: int,
+                                   pmem_id: int) -> None:
+                self.live[mem_ptr] = mem_size
+                self.current += mem_size
+                if self.current > self.peak:
+                    self.peak = self.current
+
+            def free_postprocess(self, device_id: int, mem_size: int, mem_ptr: int, pmem_id: int) -> None:
+                n = self.live.pop(mem_ptr, None)
+                if n is not None:
+                    self.current -= n
+
+        _hook_cls = ThreadPeakHook
+    return _hook_cls
+
+
+class _GpuMeasure(_Measure):
+    """Peak bytes the task's thread held from CuPy's device memory pool."""
+
+    def __enter__(self) -> "_GpuMeasure":
+        self._hook = _gpu_hook_class()()
+        self._hook.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hook.__exit__(*exc)
+        self.peak = int(self._hook.peak)
+
+
+def measurer(device: str, measure: str = "auto") -> Callable[[], _Measure]:
+    """A factory of per-task measurements: ``"auto"`` (device pool on the GPU, rss on the CPU),
+    ``"device"``, ``"rss"``, ``"tracemalloc"`` or ``"none"``."""
+    if measure == "auto":
+        measure = "device" if device == "gpu" else "rss"
+    table: dict[str, Callable[[], _Measure]] = {
+        "device": _GpuMeasure if device == "gpu" else _TracemallocMeasure,
+        "rss": _RssMeasure,
+        "tracemalloc": _TracemallocMeasure,
+        "none": _Measure,
+    }
+    if measure not in table:
+        raise ValueError(f"measure must be one of {sorted(table) + ['auto']}, got {measure!r}")
+    return table[measure]
+
+
+def timestamp() -> float:
+    return time.time()

@@ -1,0 +1,113 @@
+"""``from_zarr_gpu``: a cubed array whose blocks are read and decoded by gpuzarr-dist's batched read path."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import GpuZarrError
+from ..graph import auto_block_shape
+from ..reader import BlockReader
+from ..stores.source import open_source
+from .backend import use_backend
+from .memory import min_allowed
+from .spec import choose_device
+
+
+class MemoryBudgetError(GpuZarrError, ValueError):
+    """A Zarr chunk (or shard) is bigger than a task's memory budget allows."""
+
+
+def read_zarr_gpu(_empty: Any, *, reader: BlockReader, chunks: tuple, block_id: tuple) -> Any:
+    """One cubed task's read: block ``block_id`` of ``chunks``, all its Zarr chunks in one batched decode."""
+    sel = tuple(slice(sum(c[:i]), sum(c[: i + 1])) for c, i in zip(chunks, block_id))
+    return reader[sel]
+
+
+def _budget(spec: Any, dev: str) -> tuple[int, int]:
+    """``(data, read_block)``: bytes one read block may have so cubed's projection fits and the workspace suffices."""
+    allowed, reserved = int(spec.allowed_mem), int(spec.reserved_mem)
+    # cubed projects a map_blocks read task as reserved + 2 x its (virtual) input chunk + 2 x the block
+    data = (allowed - reserved) // 4
+    rb = getattr(spec, "gpuzarr_read_block", None)
+    return data, min(data, rb) if rb else data
+
+
+def from_zarr_gpu(
+    source: Any,
+    component: str | None = None,
+    *,
+    spec: Any = None,
+    chunks: Any = "auto",
+    device: str | None = None,
+    storage_options: dict | None = None,
+) -> Any:
+    """A ``cubed.Array`` over a Zarr array, each block read and decoded in one batch (nvCOMP on the GPU).
+
+    Blocks are whole multiples of the Zarr chunks (or shards), as big as the
+    spec's budget allows: at most ``read_block`` bytes (``allowed_mem // 8`` by
+    default, see :func:`gpuzarr_dist.cubed.spec`) and at most
+    ``(allowed_mem - reserved_mem) / 4``, so cubed's projected memory for the
+    read task fits ``allowed_mem``. Raises :class:`MemoryBudgetError` when even
+    one chunk does not fit. ``source``, ``component`` and ``storage_options``
+    are as for :func:`gpuzarr_dist.from_zarr_gpu`; ``device`` defaults to the spec's.
+    """
+    dev = device or getattr(spec, "gpuzarr_device", None) or "auto"
+    dev = choose_device(dev)
+    use_backend(dev)
+    import cubed
+
+    if spec is None:
+        from cubed.spec import spec_from_config
+
+        spec = spec_from_config(cubed.config)
+    store, aspec = open_source(source, component, storage_options)
+    reader = BlockReader(store, aspec, dev)
+    data, target = _budget(spec, dev)
+    unit = aspec.read_unit
+    item = aspec.dtype.itemsize
+    unit_bytes = math.prod(min(u, max(n, 1)) for u, n in zip(unit, aspec.shape)) * item
+    what = "shard" if aspec.shard_shape else "chunk"
+    if unit_bytes > target:
+        raise MemoryBudgetError(
+            f"{aspec.name}: one Zarr {what} {tuple(unit)} is {unit_bytes} bytes, more than a read block may be "
+            f"({target} bytes) under allowed_mem={spec.allowed_mem}, reserved_mem={spec.reserved_mem} "
+            f"(cubed projects 4 x a block's bytes, plus the decoder workspace in reserved_mem). Raise allowed_mem "
+            f"to at least {min_allowed(unit_bytes, dev)} bytes (with spec()'s defaults), or use smaller Zarr chunks"
+        )
+    if isinstance(chunks, str) and chunks == "auto":
+        shape = auto_block_shape(aspec, target)
+    elif isinstance(chunks, str):
+        from dask.utils import parse_bytes
+
+        shape = auto_block_shape(aspec, min(target, int(parse_bytes(chunks))))
+    else:
+        shape = tuple(int(c) for c in chunks)
+        if len(shape) != aspec.ndim:
+            raise ValueError(f"{aspec.name}: chunks {chunks!r} must give one block size per axis ({aspec.ndim})")
+        if math.prod(shape) * item > target:
+            raise MemoryBudgetError(f"{aspec.name}: blocks {shape} are {math.prod(shape) * item} bytes, more than "
+                                    f"the budget allows ({target} bytes)")
+    from cubed.utils import normalize_chunks
+
+    block_chunks = normalize_chunks(shape, aspec.shape, dtype=aspec.dtype)
+    return cubed.map_blocks(
+        _block_fn(block_chunks),
+        dtype=np.dtype(aspec.dtype),
+        chunks=block_chunks,
+        spec=spec,
+        reader=reader,
+    )
+
+
+class _block_fn:
+    """A picklable ``func(empty, reader=, block_id=)`` with the block chunks bound (cubed passes ``chunks`` itself)."""
+
+    def __init__(self, chunks: tuple):
+        self.chunks = chunks
+        self.__name__ = "read_zarr_gpu"
+
+    def __call__(self, _empty: Any, *, reader: BlockReader, block_id: tuple) -> Any:
+        return read_zarr_gpu(_empty, reader=reader, chunks=self.chunks, block_id=block_id)

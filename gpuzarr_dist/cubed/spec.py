@@ -1,0 +1,106 @@
+"""``spec``: a ``cubed.Spec`` whose ``allowed_mem`` is the per-task device memory budget."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from dask.utils import parse_bytes
+
+from ..runtime.device import resolve_device
+from .backend import CUPY, _same, loaded, use_backend
+from .memory import default_read_block, default_reserved_mem
+
+
+def choose_device(device: str) -> str:
+    """``"auto"``: the GPU when usable and cubed can still (or already does) use cupy; else the CPU."""
+    if device == "auto":
+        dev = resolve_device("auto")
+        have = loaded()
+        if dev == "gpu" and have is not None and not _same(have, CUPY):
+            warnings.warn(f"a GPU is usable, but cubed was already imported with the {have!r} backend: "
+                          "running on the CPU. Import gpuzarr_dist.cubed and call spec() before cubed is "
+                          "imported to run on the GPU.", RuntimeWarning, stacklevel=3)
+            return "cpu"
+        return dev
+    return resolve_device(device)
+
+
+def nbytes(value: int | str | None, what: str) -> int | None:
+    if value is None:
+        return None
+    n = int(parse_bytes(value)) if isinstance(value, str) else int(value)
+    if n < 0:
+        raise ValueError(f"{what} must be at least 0, got {value!r}")
+    return n
+
+
+def spec(
+    allowed_mem: int | str,
+    work_dir: str | None = None,
+    *,
+    device: str = "auto",
+    reserved_mem: int | str | None = None,
+    executor: Any = None,
+    read_block: int | str | None = None,
+    intermediate_store: Any = None,
+    storage_options: dict | None = None,
+    zarr_compressor: Any = "default",
+) -> Any:
+    """A ``cubed.Spec`` for gpuzarr-dist: ``allowed_mem`` per task on the device, decoder workspace in ``reserved_mem``.
+
+    Parameters
+    ----------
+    allowed_mem
+        Memory one task may use, bytes or a string (``"2 GB"``): device memory
+        on the GPU, host memory on the CPU. Includes ``reserved_mem``.
+    work_dir
+        Where cubed writes intermediate Zarr arrays (default: a temporary directory).
+    device
+        ``"auto"`` (GPU when usable), ``"gpu"`` or ``"cpu"``. Sets cubed's array
+        backend (cupy on the GPU) if cubed is not imported yet; raises
+        :class:`~gpuzarr_dist.cubed.CubedBackendError` when it is and has another backend.
+    reserved_mem
+        Memory per task that is not array data. Default: the decoders' and
+        pools' workspace for read blocks of ``read_block`` bytes,
+        ``4.2 * read_block + 2 MiB`` on the GPU (the compressed bytes on the
+        device plus nvCOMP's zstd scratch, 3.2 bytes per compressed byte,
+        incompressible data assumed) and ``1.0 * read_block`` on the CPU.
+    executor
+        Default: :class:`~gpuzarr_dist.cubed.ThreadsExecutor` on the device.
+    read_block
+        Decompressed size of the blocks :func:`from_zarr_gpu` reads; default ``allowed_mem // 8``.
+    intermediate_store, storage_options, zarr_compressor
+        As for ``cubed.Spec``.
+    """
+    dev = choose_device(device)
+    use_backend(dev)
+    import cubed
+
+    allowed = nbytes(allowed_mem, "allowed_mem")
+    if not allowed:
+        raise ValueError(f"allowed_mem must be more than 0, got {allowed_mem!r}")
+    rb = nbytes(read_block, "read_block") or default_read_block(allowed)
+    reserved = nbytes(reserved_mem, "reserved_mem")
+    if reserved is None:
+        reserved = default_reserved_mem(allowed, dev, rb)
+    if reserved >= allowed:
+        raise ValueError(f"reserved_mem ({reserved} bytes) leaves nothing of allowed_mem ({allowed} bytes) for "
+                         "array data; raise allowed_mem or lower read_block/reserved_mem")
+    if executor is None:
+        from .executor import ThreadsExecutor
+
+        executor = ThreadsExecutor(device=dev)
+    s = cubed.Spec(
+        work_dir,
+        intermediate_store=intermediate_store,
+        allowed_mem=allowed,
+        reserved_mem=reserved,
+        executor=executor,
+        storage_options=storage_options,
+        zarr_compressor=zarr_compressor,
+    )
+    # cubed.Spec has no field for these; from_zarr_gpu reads them (plain attributes travel with pickles)
+    s.gpuzarr_device = dev
+    s.gpuzarr_read_block = rb
+    return s

@@ -1,0 +1,292 @@
+"""gpuzarr_dist.cubed on the CPU (numpy backend): spec, from_zarr_gpu, executors, memory, progress, backend.
+
+Results are compared with zarr-python's read of the same store and numpy on it.
+GPU runs happen in a fresh process (cubed's backend is fixed at its import),
+through tools/gpu_check_cubed.py.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import gpuzarr_dist.cubed as gc
+
+gc.use_backend("cpu")  # before cubed is imported here: the numpy backend
+cubed = pytest.importorskip("cubed")
+xp = pytest.importorskip("cubed.array_api")
+
+from conftest import assert_same, make_data, reference, write_array  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    e.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+
+
+@pytest.fixture
+def series(tmp_path):
+    """A float32 (time, y, x) store 20x the allowed_mem used with it; chunks of 8 time steps x 10 x 10 (3.2 kB)."""
+    data = make_data("float32", (120, 40, 50), seed=7, specials=False)
+    path = str(tmp_path / "series.zarr")
+    write_array(path, data, (8, 10, 10))
+    allowed = data.nbytes // 20  # 48 kB: read blocks of at most allowed // 8 = 6 kB, one chunk each
+    return path, reference(path), allowed
+
+
+class Events(cubed.Callback):
+    def __init__(self):
+        self.tasks = []
+        self.ops = {}
+
+    def on_compute_start(self, event):
+        for name, d in event.dag.nodes(data=True):
+            if d.get("pipeline") is not None and "primitive_op" in d:
+                self.ops[name] = d["primitive_op"]
+
+    def on_task_end(self, event):
+        self.tasks.append(event)
+
+
+# -- spec ---------------------------------------------------------------------------------
+
+
+def test_spec_defaults_and_formula():
+    s = gc.spec("80 MB", device="cpu")
+    assert isinstance(s, cubed.Spec)
+    assert s.allowed_mem == 80_000_000
+    assert s.gpuzarr_read_block == 10_000_000
+    assert s.reserved_mem == 10_000_000  # CPU: 1.0 x the read block (compressed bytes, ratio 1)
+    assert isinstance(s.executor, gc.ThreadsExecutor)
+    # the GPU formula, computed without a GPU
+    assert gc.default_reserved_mem(80_000_000, "gpu") == 42_000_000 + (2 << 20)
+
+
+def test_spec_explicit_values_and_errors(tmp_path):
+    s = gc.spec(10**6, str(tmp_path), device="cpu", reserved_mem="100 kB", read_block=50_000)
+    assert (s.allowed_mem, s.reserved_mem, s.gpuzarr_read_block, s.work_dir) == (10**6, 100_000, 50_000, str(tmp_path))
+    with pytest.raises(ValueError, match="reserved_mem"):
+        gc.spec(1000, device="cpu", reserved_mem=1000)
+    with pytest.raises(ValueError, match="allowed_mem"):
+        gc.spec(0, device="cpu")
+
+
+# -- from_zarr_gpu -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [3, 2])
+def test_from_zarr_gpu_equals_zarr_python(tmp_path, fmt):
+    data = make_data("int32", (37, 23), seed=3, specials=False)
+    path = str(tmp_path / "a.zarr")
+    write_array(path, data, (4, 5), which="some", fill_value=-7, zarr_format=fmt)
+    ref = reference(path)
+    s = gc.spec("2 MB", str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(path, spec=s)
+    assert isinstance(x, cubed.Array)
+    assert x.shape == ref.shape and x.dtype == ref.dtype
+    # blocks are whole multiples of the Zarr chunks
+    assert all(c % 4 == 0 for c in x.chunks[0][:-1]) and all(c % 5 == 0 for c in x.chunks[1][:-1])
+    assert_same(np.asarray(x.compute()), ref)
+    assert_same(np.asarray((x[3:30, 2:17] * 2).compute()), ref[3:30, 2:17] * 2)
+
+
+def test_from_zarr_gpu_group_component(tmp_path):
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    data = make_data("float64", (20, 9), seed=4, specials=False)
+    write_array(g.store, data, (5, 9), name="t2m")
+    s = gc.spec("1 MB", str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(str(tmp_path / "g.zarr"), "t2m", spec=s)
+    assert_same(np.asarray(x.compute()), reference(str(tmp_path / "g.zarr"), "t2m"))
+
+
+def test_chunk_bigger_than_budget_is_a_clear_error(tmp_path):
+    data = make_data("float32", (8, 100, 100), seed=1, specials=False)
+    path = str(tmp_path / "big.zarr")
+    write_array(path, data, (1, 100, 100))  # 40 kB chunks
+    s = gc.spec("100 kB", device="cpu")  # read blocks of 12.5 kB
+    with pytest.raises(gc.MemoryBudgetError, match=r"big\.zarr.*chunk \(1, 100, 100\) is 40000 bytes") as e:
+        gc.from_zarr_gpu(path, spec=s)
+    assert "at least 320000 bytes" in str(e.value)
+    gc.from_zarr_gpu(path, spec=gc.spec(320_000, device="cpu"))  # the size the message names is enough
+
+
+# -- bounded-memory computations -------------------------------------------------------------
+
+
+def _spec_for(allowed, tmp_path, **kw):
+    return gc.spec(allowed, str(tmp_path / "work"), device="cpu", **kw)
+
+
+def test_time_mean_and_anomaly_at_10x_allowed_mem(series, tmp_path, monkeypatch):
+    from gpuzarr_dist.cubed import storage
+
+    path, ref, allowed = series
+    s = _spec_for(allowed, tmp_path)
+    assert ref.nbytes >= 10 * s.allowed_mem
+    reads = []
+    original = storage.IntermediateArray.__getitem__
+    monkeypatch.setattr(storage.IntermediateArray, "__getitem__",
+                        lambda self, sel: reads.append(self.path) or original(self, sel))
+    x = gc.from_zarr_gpu(path, spec=s)
+    ev = Events()
+    mean = np.asarray(xp.mean(x, axis=0).compute(callbacks=[ev]))
+    np.testing.assert_allclose(mean, ref.astype("f8").mean(0), rtol=1e-5, atol=1e-6)
+    anomaly = np.asarray((x - xp.mean(x, axis=0)).compute())
+    np.testing.assert_allclose(anomaly, ref - ref.astype("f8").mean(0), rtol=1e-5, atol=1e-5)
+    assert len(ev.tasks) > 10
+    assert all(op.projected_mem <= s.allowed_mem for op in ev.ops.values())
+    assert reads, "intermediates were not read back through gpuzarr-dist's read path"
+
+
+def test_measured_peak_per_task_within_allowed_mem(tmp_path):
+    data = make_data("float32", (64, 100, 160), seed=9, specials=False)  # 4.1 MB
+    path = str(tmp_path / "m.zarr")
+    write_array(path, data, (4, 50, 40))  # 32 kB chunks; read blocks of 7 chunks (224 kB)
+    allowed = 2_000_000
+    assert data.nbytes >= 2 * allowed
+    s = gc.spec(allowed, str(tmp_path / "work"), device="cpu",
+                executor=gc.ThreadsExecutor(1, device="cpu", measure="tracemalloc"))
+    x = gc.from_zarr_gpu(path, spec=s)
+    ev = Events()
+    out = np.asarray(xp.mean(x - 1.5, axis=0).compute(callbacks=[ev]))
+    np.testing.assert_allclose(out, data.astype("f8").mean(0) - 1.5, rtol=1e-5, atol=1e-5)
+    peaks = [(t.name, t.peak_measured_mem_end) for t in ev.tasks if t.name in ev.ops]
+    assert peaks and all(p is not None for _, p in peaks)
+    read_peak = max(p for _, p in peaks)
+    assert read_peak >= 224_000, "the measurement sees no array data: it could not catch an overrun"
+    over = [(n, p) for n, p in peaks if p > allowed]
+    assert not over, over
+
+
+def test_task_error_names_array_and_chunk(series, tmp_path):
+    path, _, allowed = series
+    with open(os.path.join(path, "c", "4", "0", "3"), "r+b") as f:
+        f.seek(0)
+        f.write(b"\x00" * 16)
+    s = _spec_for(allowed, tmp_path)
+    x = gc.from_zarr_gpu(path, spec=s)
+    from gpuzarr_dist import ChunkDecodeError
+
+    with pytest.raises(ChunkDecodeError, match=r"c/4/0/3"):
+        xp.sum(x).compute()
+
+
+# -- executors ------------------------------------------------------------------------------
+
+
+def test_threads_executor_several_threads_and_progress(series, tmp_path):
+    path, ref, allowed = series
+    s = _spec_for(allowed, tmp_path, executor=gc.ThreadsExecutor(3, device="cpu"))
+    x = gc.from_zarr_gpu(path, spec=s)
+    buf = io.StringIO()
+    bar = gc.TextProgress(file=buf, every=0)
+    ev = Events()
+    out = np.asarray(xp.max(x, axis=0).compute(callbacks=[bar, ev]))
+    assert_same(out, ref.max(0))
+    lines = buf.getvalue().splitlines()
+    for name, op in ev.ops.items():
+        assert f"  {name}: {op.num_tasks}/{op.num_tasks} tasks" in lines
+    assert bar.events == len(ev.tasks) == sum(op.num_tasks for op in ev.ops.values())
+    assert gc.progress_bar() is not None
+
+
+@pytest.mark.slow
+def test_distributed_executor_on_a_process_cluster(series, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    path, ref, allowed = series
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=40) as cluster, distributed.Client(cluster) as client:
+        s = _spec_for(allowed, tmp_path, executor=gc.DistributedExecutor(client, device="cpu"))
+        x = gc.from_zarr_gpu(path, spec=s)
+        ev = Events()
+        anomaly = np.asarray((x - xp.mean(x, axis=0)).compute(callbacks=[ev]))
+        pids = set(client.run(os.getpid).values())
+        ran = {t.result for t in ev.tasks}  # noqa: F841  (results are None for blockwise tasks)
+        env = client.run(lambda: os.environ.get("CUBED_BACKEND_ARRAY_API_MODULE"))
+    np.testing.assert_allclose(anomaly, ref - ref.astype("f8").mean(0), rtol=1e-5, atol=1e-5)
+    assert len(pids) == 2 and os.getpid() not in pids
+    assert all(v is None for v in env.values())  # numpy backend on the CPU
+    assert all(t.peak_measured_mem_end for t in ev.tasks if t.name in ev.ops)
+
+
+def test_distributed_executor_without_client_says_so(series, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    try:
+        distributed.get_client()
+        pytest.skip("a default dask client exists in this process")
+    except ValueError:
+        pass
+    path, _, allowed = series
+    s = _spec_for(allowed, tmp_path, executor=gc.DistributedExecutor(device="cpu"))
+    x = gc.from_zarr_gpu(path, spec=s)
+    with pytest.raises(ValueError, match="needs a dask client"):
+        xp.sum(x).compute()
+
+
+# -- backend ----------------------------------------------------------------------------------
+
+
+def test_import_imports_neither_cubed_nor_cupy():
+    r = _run("import sys, gpuzarr_dist.cubed; print('cubed' in sys.modules, 'cupy' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+
+
+def test_backend_set_before_cubed_import():
+    r = _run("import os, gpuzarr_dist.cubed as gc; print(gc.use_backend('gpu')); "
+             "print(os.environ['CUBED_BACKEND_ARRAY_API_MODULE'])")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["array_api_compat.cupy", "array_api_compat.cupy"]
+    assert gc.worker_environ("gpu") == {"CUBED_BACKEND_ARRAY_API_MODULE": "array_api_compat.cupy"}
+    assert gc.worker_environ("cpu") == {}
+
+
+def test_too_late_backend_change_is_reported():
+    r = _run("import cubed, gpuzarr_dist.cubed as gc; gc.use_backend('gpu')")
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    assert "CubedBackendError" in last and "already imported" in last and "numpy" in last
+    assert "array_api_compat.cupy" in last and "before anything imports cubed" in last
+
+
+# -- GPU (in a fresh process: cubed's backend is fixed at its import) ----------------------------
+
+
+@pytest.mark.gpu
+def test_gpu_check_script():
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check_cubed.py")],
+                       capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    print(r.stdout[-4000:], r.stderr[-4000:])
+    assert r.returncode == 0
+
+
+# -- CLI ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_cli_bench_cubed_quick(tmp_path):
+    from gpuzarr_dist.cli import main
+
+    code = main(["bench", "cubed", "--quick", "--device", "cpu", "--threads", "2", "--out", str(tmp_path)])
+    assert code == 0
+    import json
+
+    res = json.load(open(tmp_path / "bench-cubed.json"))
+    assert res["nbytes"] >= 10 * res["allowed_mem"]
+    kinds = {r["kind"]: r for r in res["rows"]}
+    assert set(kinds) == {"ours-cubed", "ours-dask", "cubed-cpu"}
+    for r in kinds.values():
+        assert "error" not in r, r
+        assert r["err_mean"] < 1e-3 and r["err_anomaly"] < 1e-3

@@ -1,0 +1,147 @@
+"""GPU smoke check of gpuzarr_dist.cubed (run on a GPU machine; exits nonzero on failure).
+
+    python tools/gpu_check_cubed.py
+
+Checks, in this fresh process (cubed's backend is fixed at its import):
+cubed gets the cupy backend; from_zarr_gpu gives cupy blocks equal to
+zarr-python's read; the time mean and the time anomaly of an array 12x
+allowed_mem equal numpy on 1 and 4 threads; every task's measured device peak
+(CuPy pool) is within allowed_mem; intermediates are read through our read
+path; the DistributedExecutor on a one-GPU LocalCluster (threads) gives the same
+mean. Prints the timings and peaks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+
+import numpy as np
+
+import gpuzarr_dist.cubed as gc
+
+failures: list[str] = []
+
+
+def check(name: str, fn) -> None:
+    t = time.perf_counter()
+    try:
+        fn()
+        print(f"ok   {name} ({time.perf_counter() - t:.2f} s)", flush=True)
+    except Exception:
+        failures.append(name)
+        print(f"FAIL {name}\n{traceback.format_exc()}", flush=True)
+
+
+def main() -> int:
+    import zarr
+
+    work = tempfile.mkdtemp(prefix="gpu-check-cubed-")
+    spec = gc.spec("24 MB", os.path.join(work, "tmp"), device="gpu")
+    import cubed
+    import cubed.array_api as xp
+    import cupy
+
+    from gpuzarr_dist.cubed import storage
+
+    print("backend:", sys.modules["cubed.backend_array_api"].xp_name, "| spec:", spec)
+    rng = np.random.default_rng(1)
+    data = (250 + 20 * rng.standard_normal((96, 361, 720))).astype("f4")  # 100 MB, 4x the budget... x12 below
+    src = os.path.join(work, "x.zarr")
+    z = zarr.create_array(src, shape=data.shape, chunks=(2, 181, 180), dtype="f4",
+                          compressors=zarr.codecs.ZstdCodec(level=0))
+    z[:] = data
+    ref_mean = data.astype("f8").mean(0)
+    assert data.nbytes >= 4 * spec.allowed_mem
+
+    class Peaks(cubed.Callback):
+        def __init__(self):
+            self.peaks = []
+
+        def on_task_end(self, e):
+            if e.name != "create-arrays":
+                self.peaks.append((e.name, e.peak_measured_mem_end))
+
+    def backend():
+        assert "cupy" in sys.modules["cubed.backend_array_api"].namespace.__name__
+
+    def read_equals_zarr():
+        x = gc.from_zarr_gpu(src, spec=spec)
+        part = x[10:30, 100:200, 50:400].compute()
+        assert isinstance(part, cupy.ndarray), type(part)
+        np.testing.assert_array_equal(part.get(), data[10:30, 100:200, 50:400])
+
+    def mean_anomaly(threads):
+        def run():
+            s = gc.spec("8 MB", os.path.join(work, f"tmp{threads}"), device="gpu",
+                        executor=gc.ThreadsExecutor(threads, device="gpu"))
+            small = data[:, :181, :360].copy()  # 25 MB = 3x... use 12x: below
+            big = np.concatenate([small] * 4, axis=0)  # 100 MB = 12.5x 8 MB
+            p = os.path.join(work, f"s{threads}.zarr")
+            zz = zarr.create_array(p, shape=big.shape, chunks=(2, 91, 90), dtype="f4",
+                                   compressors=zarr.codecs.ZstdCodec(level=0))
+            zz[:] = big
+            assert big.nbytes >= 10 * s.allowed_mem
+            reads = []
+            orig = storage.IntermediateArray.__getitem__
+
+            def spy(self, sel):
+                reads.append(1)
+                return orig(self, sel)
+
+            storage.IntermediateArray.__getitem__ = spy
+            try:
+                x = gc.from_zarr_gpu(p, spec=s)
+                pk = Peaks()
+                t = time.perf_counter()
+                m = xp.mean(x, axis=0).compute(callbacks=[pk])
+                tm = time.perf_counter() - t
+                out = os.path.join(work, f"an{threads}.zarr")
+                t = time.perf_counter()
+                cubed.to_zarr(x - xp.mean(x, axis=0), out, callbacks=[pk])
+                ta = time.perf_counter() - t
+            finally:
+                storage.IntermediateArray.__getitem__ = orig
+            m = m.get() if hasattr(m, "get") else np.asarray(m)
+            r = big.astype("f8").mean(0)
+            np.testing.assert_allclose(m, r, rtol=1e-5, atol=1e-3)
+            with zarr.config.enable_gpu():
+                an = zarr.open_array(out, mode="r")[:]
+            an = an.get() if hasattr(an, "get") else an
+            np.testing.assert_allclose(an, big - r, rtol=1e-5, atol=1e-2)
+            worst = max(pk.peaks, key=lambda e: e[1] or 0)
+            print(f"     {threads} threads: mean {tm:.2f} s, anomaly {ta:.2f} s, {len(pk.peaks)} tasks, "
+                  f"peak {worst[1]} B in {worst[0]} (allowed {s.allowed_mem}, reserved {s.reserved_mem}), "
+                  f"{len(reads)} intermediate reads through gpuzarr")
+            assert all(p is not None and p <= s.allowed_mem for _, p in pk.peaks), worst
+            assert worst[1] > 0, "no device allocation measured"
+            assert reads, "intermediates not read through gpuzarr's read path"
+
+        return run
+
+    def distributed_threads():
+        import distributed
+
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=4, processes=False,
+                                      dashboard_address=None) as c, distributed.Client(c) as client:
+            s = gc.spec("24 MB", os.path.join(work, "tmpd"), device="gpu",
+                        executor=gc.DistributedExecutor(client, device="gpu"))
+            x = gc.from_zarr_gpu(src, spec=s)
+            m = xp.mean(x, axis=0).compute()
+            m = m.get() if hasattr(m, "get") else np.asarray(m)
+            np.testing.assert_allclose(m, ref_mean, rtol=1e-5, atol=1e-3)
+
+    check("cubed backend is cupy", backend)
+    check("from_zarr_gpu equals zarr-python, cupy blocks", read_equals_zarr)
+    check("mean + anomaly, 1 thread, peaks within allowed_mem", mean_anomaly(1))
+    check("mean + anomaly, 4 threads, peaks within allowed_mem", mean_anomaly(4))
+    check("DistributedExecutor (LocalCluster, threads)", distributed_threads)
+    print("FAILED:" if failures else "all passed", ", ".join(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -45,7 +45,7 @@ def spec(
     read_block: int | str | None = None,
     intermediate_store: Any = None,
     storage_options: dict | None = None,
-    zarr_compressor: Any = "default",
+    zarr_compressor: Any = None,
 ) -> Any:
     """A ``cubed.Spec`` for gpuzarr-dist: ``allowed_mem`` per task on the device, decoder workspace in ``reserved_mem``.
 
@@ -71,7 +71,8 @@ def spec(
     read_block
         Decompressed size of the blocks :func:`from_zarr_gpu` reads; default ``allowed_mem // 8``.
     intermediate_store, storage_options, zarr_compressor
-        As for ``cubed.Spec``.
+        As for ``cubed.Spec``; ``zarr_compressor=None`` keeps cubed's own default
+        (its name differs between cubed 0.27, ``"default"``, and 0.28, ``"auto"``).
     """
     dev = choose_device(device)
     use_backend(dev)
@@ -98,7 +99,7 @@ def spec(
         reserved_mem=reserved,
         executor=executor,
         storage_options=storage_options,
-        zarr_compressor=zarr_compressor,
+        **({} if zarr_compressor is None else {"zarr_compressor": zarr_compressor}),
     )
     # cubed.Spec has no field for these; from_zarr_gpu reads them (plain attributes travel with pickles)
     s.gpuzarr_device = dev

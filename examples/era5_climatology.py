@@ -17,9 +17,9 @@ The climatology is the mean map over the period (``t2m.mean("time")``,
 computed once, kept on the device); the anomalies ``t2m - climatology`` run
 fused with the read, one task per block. Their area-weighted mean over each
 hemisphere per time step takes a zonal mean on the device and weights the 721
-latitude rows by cos(latitude) on the host. The anomalies are written with xarray's own
-``to_zarr`` (blocks copied to host memory first): gpuzarr-dist's GPU write
-path (``to_zarr_gpu``) does not exist yet.
+latitude rows by cos(latitude) on the host. The anomalies are written
+back with ``gpuzarr_dist.to_zarr_gpu`` (compressed on the device: compute, encode
+and write are one task per block).
 """
 
 from __future__ import annotations
@@ -29,19 +29,11 @@ import os
 import tempfile
 import time
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
+import gpuzarr_dist as gz
 from gpuzarr_dist.demo import make_era5_like
-
-
-def on_host(x: xr.DataArray) -> xr.DataArray:
-    """``x`` with each block copied to host memory as it is computed (xarray's ``to_zarr`` writes numpy)."""
-    data = x.data
-    if isinstance(data, da.Array) and not isinstance(data._meta, np.ndarray):  # cupy blocks
-        data = data.map_blocks(lambda b: b.get(), meta=np.empty((0,) * data.ndim, data.dtype))
-    return x.copy(data=data)
 
 
 def main() -> None:
@@ -85,12 +77,12 @@ def main() -> None:
                   + " ".join(f"{v:+.2f}" for v in series.values[:12]) + (" ..." if series.size > 12 else ""))
 
         out = args.out or os.path.join(tmp, "t2m_anomaly.zarr")
-        result = on_host(anomaly).rename(f"{args.variable}_anomaly").to_dataset().drop_encoding()
+        result = anomaly.rename(f"{args.variable}_anomaly").to_dataset().drop_encoding()
         result[f"{args.variable}_anomaly"].attrs = {"long_name": "2 metre temperature anomaly from the period mean",
                                                     "units": "K"}
-        result.to_zarr(out, mode="w", consolidated=False)  # xarray's writer: to_zarr_gpu does not exist yet
-        back = xr.open_dataset(out, engine="gpuzarr", device=args.device, consolidated=False)
-        print(f"wrote {out} with xarray's to_zarr; read back: {dict(back[f'{args.variable}_anomaly'].sizes)}")
+        gz.to_zarr_gpu(result, out, overwrite=True)  # one task per block: compute, encode on the device, write
+        back = xr.open_dataset(out, engine="gpuzarr", device=args.device)
+        print(f"wrote {out} with to_zarr_gpu; read back: {dict(back[f'{args.variable}_anomaly'].sizes)}")
 
 
 if __name__ == "__main__":

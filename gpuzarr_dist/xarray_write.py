@@ -14,6 +14,7 @@ read from ``ds.to_zarr``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import dask.array as da
@@ -115,10 +116,13 @@ def dataset_to_zarr_gpu(
         ds = ds.assign({name: var})
     # xarray writes every zarr.json, the coordinates and in-memory variables now; its delayed
     # store of our variables is dropped unrun: their data goes through write_array_graph.
-    ds.to_zarr(
-        t.store, group=t.path or None, mode=mode, compute=False, zarr_format=3, consolidated=consolidated,
-        encoding=encoding, safe_chunks=False,
-    )
+    with warnings.catch_warnings():
+        # consolidated metadata is what xarray reads fastest; zarr-python warns it is not in the v3 spec yet
+        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
+        ds.to_zarr(
+            t.store, group=t.path or None, mode=mode, compute=False, zarr_format=3, consolidated=consolidated,
+            encoding=encoding, safe_chunks=False,
+        )
     parts = []
     for name, x in ours.items():
         sub = _open_target(t.store, _join(t.path, name), None)

@@ -341,7 +341,7 @@ def test_example_scripts_run(script, args, expect):
     r = subprocess.run([sys.executable, os.path.join(REPO, "examples", script), "--device", dev(), *args],
                        capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert expect in r.stdout and "with xarray's to_zarr; read back" in r.stdout
+    assert expect in r.stdout and "with to_zarr_gpu; read back" in r.stdout
     assert ("cupy chunks" if dev() == "gpu" else "numpy chunks") in r.stdout
 
 

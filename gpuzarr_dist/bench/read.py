@@ -180,6 +180,7 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
         ("tensorstore read().mean(0)", _tensorstore(path, "zarr" if codec == "blosc" else "zarr3")),
     ]
     rows: list[Row] = []
+    failed: dict[str, str] = {}  # another tool that cannot read this array is reported, not fatal
     for cache in ("warm", "cold"):
         cold = files if cache == "cold" else None
         t_ceiling = min(read_ceiling(files, threads, device)[0] for _ in range(repeat)) if cold is None else None
@@ -189,13 +190,20 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
         rows.append(Row(f"ceiling: {threads}-thread file reads" + (" + copy to GPU" if device == "gpu" else ""),
                         cache, t_ceiling, nbytes, note=f"{compressed / t_ceiling / 1e9:.2f} GB/s stored bytes, no decode"))
         for name, fn in candidates:
-            if fn is None:
+            if fn is None or name in failed:
                 continue
-            if cache == "warm":
-                fn()  # warm-up: imports, CUDA context, nvCOMP handles, page cache
-            rows.append(Row(name, cache, _time(fn, 1 if cold is not None else repeat, cold), nbytes))
+            try:
+                if cache == "warm":
+                    fn()  # warm-up: imports, CUDA context, nvCOMP handles, page cache
+                rows.append(Row(name, cache, _time(fn, 1 if cold is not None else repeat, cold), nbytes))
+            except Exception as e:  # noqa: BLE001 - only the other tools' rows may fail
+                if name == OURS:
+                    raise
+                failed[name] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
     table = format_table(rows, OURS)
     print(table)
+    for name, why in failed.items():
+        print(f"{name}: failed on this array ({why})")
     ours = {r.cache: r for r in rows if r.name == OURS}
     ceil = {r.cache: r for r in rows if r.name.startswith("ceiling")}
     for cache in ("warm", "cold"):

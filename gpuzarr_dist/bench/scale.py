@@ -23,6 +23,8 @@ import platform
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from typing import Any
 
 from .files import chunk_files
@@ -77,10 +79,15 @@ def _gpu_count() -> int:
     return cupy.cuda.runtime.getDeviceCount()
 
 
+def _make_store(path: str, steps: int, seed: int) -> Any:
+    from ..demo import make_era5_like
+
+    return make_era5_like(path, steps, seed=seed)
+
+
 def run(args: Any) -> int:
     import dask.array as da
 
-    from ..demo import make_era5_like
     from ..graph import from_zarr_gpu
     from ..runtime.cluster import start_cluster
     from ..runtime.device import gpu_status, resolve_device
@@ -101,7 +108,10 @@ def run(args: Any) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-scale-")
         root = tmp.name
     nstores = max(counts)
-    stores = [make_era5_like(os.path.join(root, f"era5-{i}.zarr"), steps, seed=i) for i in range(nstores)]
+    # one process per store: tens of GB per GPU are generated and compressed in parallel
+    paths = [os.path.join(root, f"era5-{i}.zarr") for i in range(nstores)]
+    with ProcessPoolExecutor(min(nstores, os.cpu_count() or 1), mp_context=get_context("spawn")) as pool:
+        stores = list(pool.map(_make_store, paths, [steps] * nstores, range(nstores)))
     files = [chunk_files(s.path) for s in stores]
     stored = [sum(os.path.getsize(p) for p in f) for f in files]
     nbytes = steps * STEP_BYTES

@@ -191,6 +191,9 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
     if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):
         raise MetadataError(f"{name}: {mkey} chunk shape {chunk_shape} does not fit array shape {shape}")
+    for what, dims in (("chunk shape", chunk_shape), ("shard shape", shard_shape or ())):
+        if math.prod(dims) * dtype.itemsize >= 2**63:  # no buffer that size can be allocated or indexed
+            raise MetadataError(f"{name}: {mkey} {what} {dims} of {dtype} needs more than 2**63 bytes per chunk")
     return ArraySpec(
         name=name,
         shape=shape,

@@ -51,14 +51,25 @@ def _check_component(component: str | None) -> None:
         raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
 
 
+def _raise_if_document_exists(name: str, where: str, error: Exception) -> None:
+    """A metadata file that is there but not recognised (e.g. ``zarr_format`` damaged) is bad metadata, not a missing array."""
+    if os.path.basename(where) in _METADATA_FILES and os.path.isfile(where):
+        raise MetadataError(
+            f"{name}: {where} is not a Zarr array document zarr-python recognises "
+            f"(check its zarr_format and node_type fields): {type(error).__name__}: {error}"
+        ) from error
+
+
 def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] = (FileNotFoundError,)) -> zarr.Array:
     try:
         node = opener()
     except not_found as e:
+        _raise_if_document_exists(name, where, e)
         raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
     except Exception as e:  # zarr-python raises many kinds of error for bad documents
         kind = type(e).__name__
         if "NotFound" in kind:
+            _raise_if_document_exists(name, where, e)
             raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
         if kind == "UnknownCodecError":
             codec = getattr(e, "codec_id", None) or _quoted(str(e))
@@ -67,9 +78,27 @@ def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] 
             raise
         raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {kind}: {e}") from e
     if isinstance(node, zarr.Group):
+        _raise_if_not_a_group_document(name, where)
         arrays = sorted(k for k, _ in node.arrays())
         raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
     return node
+
+
+def _raise_if_not_a_group_document(name: str, where: str) -> None:
+    """zarr-python opens some damaged array documents (``{}``) as groups: call those bad metadata."""
+    base = os.path.basename(where)
+    if base == ".zarray" and os.path.isfile(where):
+        raise MetadataError(f"{name}: {where} is not a Zarr array document zarr-python recognises")
+    if base == "zarr.json" and os.path.isfile(where):
+        import json
+
+        try:
+            with open(where, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("node_type") != "group":
+            raise MetadataError(f"{name}: {where} is neither a Zarr array nor a group document (field node_type)")
 
 
 def _from_local(path: str, component: str | None, name: str) -> tuple[ChunkStore, zarr.Array]:

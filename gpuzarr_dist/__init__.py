@@ -22,6 +22,7 @@ from .errors import (
 from .graph import from_zarr_gpu
 from .runtime.device import gpu_available, resolve_device
 from .xarray_backend import open_dataset
+from .errors import GpuOutOfMemoryError
 
 __version__ = "0.1.0"
 
@@ -40,3 +41,4 @@ __all__ = [
     "open_dataset",
     "resolve_device",
 ]
+__all__ += ["GpuOutOfMemoryError"]

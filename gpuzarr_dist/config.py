@@ -12,6 +12,11 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     Threads that read chunk files per process (shared by all tasks). Default 16.
 ``gpuzarr.decode-threads``
     Threads that decode chunks on the CPU device per process. Default: CPU count.
+``gpuzarr.io-retries`` / ``gpuzarr.io-retry-delay``
+    How often a chunk read that failed with a transient ``OSError`` (``EIO``,
+    ``EAGAIN``, ``ETIMEDOUT`` ...) is tried again (default 3), and the wait in
+    seconds before the first retry (default 0.05, doubling each time). Then
+    the read fails with ``ChunkReadError``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ DEFAULTS: dict = {
         "block-size": {"cpu": "128 MiB", "gpu": "256 MiB"},
         "io-threads": 16,
         "decode-threads": None,
+        "io-retries": 3,
+        "io-retry-delay": 0.05,
     }
 }
 
@@ -45,3 +52,11 @@ def io_threads() -> int:
 def decode_threads() -> int:
     n = dask.config.get("gpuzarr.decode-threads")
     return max(1, int(n) if n else (os.cpu_count() or 1))
+
+
+def io_retries() -> int:
+    return max(0, int(dask.config.get("gpuzarr.io-retries")))
+
+
+def io_retry_delay() -> float:
+    return max(0.0, float(dask.config.get("gpuzarr.io-retry-delay")))

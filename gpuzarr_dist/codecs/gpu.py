@@ -27,6 +27,7 @@ import numpy as np
 
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
+from ..runtime.memory import is_out_of_memory
 
 #: codec name -> (nvCOMP algorithm, bytes to strip before the payload, bytes to strip after it)
 NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
@@ -350,6 +351,8 @@ def decode_batch_gpu(
             stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
             actual = list(res.buffer_sizes)
         except (RuntimeError, ValueError, MemoryError) as e:
+            if is_out_of_memory(e):  # not the chunks' fault: the reader reports the block size to lower
+                raise
             raise _cpu_diagnose(pipeline, host, offsets, stored_sizes, keys, f"nvCOMP: {e}", codec.name) from e
         bad = [i for i, a in enumerate(actual) if a != expected]
         if bad:

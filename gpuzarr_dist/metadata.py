@@ -187,6 +187,8 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         codecs = _v2_codecs(meta, dtype, len(shape), name)
     else:
         raise MetadataError(f"{name}: unsupported zarr_format {fmt!r}")
+    if sep not in (".", "/"):  # zarr-python checks this too; keys become paths, so check again here
+        raise MetadataError(f"{name}: {mkey} chunk key separator must be '.' or '/', got {sep!r}")
     if dtype.hasobject or dtype.kind in "OUSV":
         raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
     if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):

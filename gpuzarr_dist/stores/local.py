@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import ChunkStore, staging_layout
+from .base import ChunkStore, check_key, staging_layout
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads
@@ -49,7 +49,7 @@ class LocalChunkStore(ChunkStore):
         self.array = array or self.root
 
     def path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/"))
+        return os.path.join(self.root, *check_key(self.array, key).split("/"))
 
     def _read_file(self, path: str) -> bytes:
         """The bytes of one chunk file (the one place the CPU path touches a file; tests inject faults here)."""

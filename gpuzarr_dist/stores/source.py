@@ -23,6 +23,7 @@ from .zarrstore import ZarrChunkStore
 from ..codecs.registry import known_codecs
 from ..errors import MetadataError, UnsupportedCodecError
 from ..metadata import ArraySpec, spec_from_zarr_metadata
+from ..redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
@@ -138,9 +139,15 @@ def open_source(
             path = os.path.abspath(os.path.expanduser(path))
             cstore, arr = _from_local(path, component, _join(path, component) if component else path)
         else:
-            name = f"{source.rstrip('/')}/{component}" if component else source
+            shown = redact_url(source)  # names reach messages, reprs and task names: no password or signature
+            name = f"{shown.rstrip('/')}/{component}" if component else shown
+            secrets = url_secrets(source) + option_secrets(storage_options)
+            install_log_filter(secrets)  # fsspec and friends log full URLs at DEBUG level
             opener = lambda: zarr.open(source, path=component or "", mode="r", storage_options=storage_options)  # noqa: E731
-            arr = _open_array(opener, name, name)
+            try:
+                arr = _open_array(opener, name, name)
+            except Exception as e:
+                raise scrub_error(e, secrets)  # noqa: B904 (the same exception, its message scrubbed)
             cstore, arr = _from_zarr_array(arr)
             cstore.array = name
     elif isinstance(source, zarr.Array):

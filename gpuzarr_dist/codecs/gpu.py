@@ -135,44 +135,6 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
                 raise ChunkDecodeError(array, key, f"lz4 prefix states {stated} decoded bytes, expected {expected}", codec)
 
 
-_ZSTD_FRAMES_SRC = r"""
-extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
-                                       int n, long long* fcs_out, long long* len_out) {
-    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its block
-    // headers: the decoded size the frame states (-1 none, -2 not zstd, -3 header cut)
-    // and the bytes the frame spans (-4 reserved block type).
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const unsigned char* p = src + offs[i];
-    long long len = sizes[i];
-    fcs_out[i] = -2; len_out[i] = -1;
-    if (len < 6) return;
-    unsigned int magic = p[0] | (p[1] << 8) | (p[2] << 16) | ((unsigned int)p[3] << 24);
-    if (magic != 0xFD2FB528u) return;
-    unsigned int desc = p[4];
-    int single = (desc >> 5) & 1, dflag = desc & 3, fflag = desc >> 6, cks = (desc >> 2) & 1;
-    int fsz = fflag == 0 ? single : (fflag == 1 ? 2 : (fflag == 2 ? 4 : 8));
-    long long pos = 5 + (single ? 0 : 1) + (dflag == 3 ? 4 : dflag);
-    if (pos + fsz > len) { fcs_out[i] = -3; return; }
-    long long fcs = -1;
-    if (fsz) {
-        fcs = 0;
-        for (int k = 0; k < fsz; k++) fcs |= ((long long)p[pos + k]) << (8 * k);
-        if (fsz == 2) fcs += 256;
-    }
-    fcs_out[i] = fcs;
-    pos += fsz;
-    while (true) {
-        if (pos + 3 > len) { len_out[i] = pos + 3; return; }
-        unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
-        pos += 3;
-        unsigned int kind = (h >> 1) & 3;
-        if (kind == 3) { len_out[i] = -4; return; }
-        pos += (kind == 1) ? 1 : (h >> 3);
-        if (h & 1) { len_out[i] = pos + 4 * cks; return; }
-    }
-}
-"""
 
 
 _kernels: dict[str, cupy.RawKernel] = {}
@@ -189,21 +151,31 @@ def _kernel(name: str, src: str) -> cupy.RawKernel:
 
 
 def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                 keys: Sequence[str], expected: int) -> None:
-    """Check every zstd frame on the device, one thread each: magic number, stated size, frame length.
+                 keys: Sequence[str], expected: int) -> list[tuple[int, str]]:
+    """Check every zstd frame on the device, one thread each, before nvCOMP sees any of them.
 
-    A truncated frame whose header still states the right size decodes on the
-    GPU without an error (seen with nvCOMP 6), and a frame larger than its slot
-    overwrites the next one: both are caught here, before nvCOMP runs.
-    Raises :class:`_NoStatedSize` for frames the CPU decoder must handle
-    (no stated size, or several frames in one chunk).
+    Definite errors raise :class:`ChunkDecodeError`: a bad magic number, a
+    cut header, a stated size other than the chunk's, blocks running past the
+    chunk (nvCOMP 6 decodes a truncated frame whose header still states the
+    right size without an error, and a frame larger than its slot overwrites
+    the next one). Raises :class:`_NoStatedSize` for frames the CPU decoder
+    must handle (no stated size, or several frames in one chunk).
+
+    Returns the frames whose block structure is impossible (see
+    :data:`.kernels.ZSTD_DEEP_REASONS`) as ``(index, reason)``: these are kept
+    from nvCOMP, which has faulted the CUDA context on such input, and the
+    caller lets the CPU decoder judge them.
     """
+    from .kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
+
     n = len(offsets)
     offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
     lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
     fcs, length = cupy.empty(n, dtype=cupy.int64), cupy.empty(n, dtype=cupy.int64)
-    _kernel("zstd_frames", _ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length))
-    fcs, length = fcs.get(), length.get()
+    deep = cupy.empty(n, dtype=cupy.int32)
+    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length, deep))
+    fcs, length, deep = fcs.get(), length.get(), deep.get()
+    suspects = []
     for i in range(n):
         why = None
         if fcs[i] == -2:
@@ -218,8 +190,25 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
             why = f"zstd frame states {fcs[i]} decoded bytes, expected {expected}"
         elif length[i] > sizes[i]:
             why = f"zstd frame is truncated: its blocks need {length[i]} bytes, the chunk holds {sizes[i]}"
+        elif deep[i]:
+            suspects.append((i, ZSTD_DEEP_REASONS.get(int(deep[i]), f"zstd frame structure check {int(deep[i])}")))
         if why:
             raise ChunkDecodeError(array, keys[i], why, "zstd")
+    return suspects
+
+
+def _judge_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                  keys: Sequence[str], suspects: list[tuple[int, str]]) -> None:
+    """Decode the ``suspects`` (index, reason) on the CPU; raise for the first the CPU rejects, naming all of them."""
+    errors = []
+    for i, reason in suspects:
+        try:
+            pipeline.decode_chunk(bytes(host[offsets[i] : offsets[i] + sizes[i]]), keys[i])
+        except ChunkDecodeError as e:
+            errors.append((keys[i], f"{reason} (the CPU decoder agrees: {e.reason})"))
+    if errors:
+        more = f"; {len(errors) - 1} more bad chunk(s) in this block: {', '.join(k for k, _ in errors[1:6])}" if len(errors) > 1 else ""
+        raise ChunkDecodeError(pipeline.array, errors[0][0], errors[0][1] + more, "zstd")
 
 
 _LZ4_CHECK_SRC = r"""
@@ -333,8 +322,11 @@ def decode_batch_gpu(
         _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
         if codec.name == "zstd":
             try:
-                _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)
+                suspects = _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)
             except _NoStatedSize:
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+            if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
+                _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)

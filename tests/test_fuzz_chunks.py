@@ -185,3 +185,47 @@ def test_gpu_damaged_chunk_decodes_like_zarr_or_raises_chunk_decode_error(chain,
     assert_same(ours[3:6], expected)
     assert_same(ours[:3], c.data[:3])
     event("decoded, equal to zarr-python")
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    """A sharded v3 array (2 shards of 2x2 inner zstd chunks, index with crc32c) in a memory store."""
+    store = zarr.storage.MemoryStore()
+    data = make_data("int16", (8, 4), seed=9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        arr = zarr.create_array(store, name="s", shape=(8, 4), chunks=(2, 2), shards=(4, 4), dtype="int16",
+                                compressors=[zc.ZstdCodec(level=1)], zarr_format=3)
+        arr[...] = data
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    good = sync(store.get("s/c/1/0", prototype=default_buffer_prototype())).to_bytes()
+    return store, data, good
+
+
+@settings(max_examples=150, **FUZZ)
+@given(data=st.data())
+def test_damaged_shard_reads_like_zarr_or_raises_chunk_decode_error(sharded, data):
+    """Damage anywhere in a shard (its inner chunks or its index): our read equals zarr-python's, or names the shard."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    store, original, good = sharded
+    raw = data.draw(damaged(good, good[: len(good) // 2]), label="shard")
+    sync(store.set("s/c/1/0", default_buffer_prototype().buffer.from_bytes(raw)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            expected = np.asarray(zarr.open_array(store, path="s", mode="r")[4:8])
+    except Exception:
+        expected = None
+    try:
+        ours = gz.from_zarr_gpu(store, "s", device="cpu")[4:8].compute()
+    except gz.ChunkDecodeError as e:
+        assert e.key.startswith("c/1/0"), e.key
+        event("ChunkDecodeError" + (" (zarr-python reads it)" if expected is not None else ""))
+        return
+    assert expected is not None, f"read a shard zarr-python rejects: {raw[-40:]!r}"
+    assert_same(ours, expected)
+    event("read, equal to zarr-python")

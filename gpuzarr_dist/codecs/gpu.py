@@ -266,6 +266,34 @@ def _lz4_lengths(dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
     return out.get()
 
 
+_ADLER_MOD = 65521
+_weighted_sum: Any = None
+
+
+def _adler32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
+                        sizes: Sequence[int]) -> list[int]:
+    """Indexes of decoded zlib chunks whose adler32 (computed on the device) differs from the stored one.
+
+    adler32 is ``A = 1 + sum(d) mod 65521`` and ``B = n + sum((n - i) * d[i]) mod 65521``: two
+    reductions over all chunks at once, no copy of the data to the host. The stored checksum
+    is the last 4 bytes (big-endian) of each zlib stream, still in the pinned host buffer.
+    """
+    global _weighted_sum
+    n = len(offsets)
+    if nbytes == 0 or nbytes > 2**27:  # 64-bit sums of (n - i) * 255 overflow past 2**27 bytes: not checked
+        return []
+    if _weighted_sum is None:
+        _weighted_sum = cupy.ReductionKernel("uint8 d, int64 w", "int64 y", "(long long)d * w", "a + b", "y = a", "0",
+                                             "gpuzarr_weighted_sum")
+    data = cupy.ndarray((n, nbytes), dtype=cupy.uint8, memptr=out.data, strides=(stride, 1))
+    weights = nbytes - cupy.arange(nbytes, dtype=cupy.int64)
+    a = (1 + data.sum(axis=1, dtype=cupy.int64)) % _ADLER_MOD
+    b = (nbytes + _weighted_sum(data, weights, axis=1)) % _ADLER_MOD
+    actual = ((b << 16) | a).get()
+    stored = [int.from_bytes(bytes(host[o + s - 4 : o + s]), "big") for o, s in zip(offsets, sizes)]
+    return [i for i in range(n) if int(actual[i]) != stored[i]]
+
+
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
                    keys: Sequence[str]) -> None:
     """Check and strip the outer crc32c checksums on the host, in place of ``sizes``."""
@@ -351,6 +379,11 @@ def decode_batch_gpu(
             err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
                                 [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
             raise err
+        if codec.name == "zlib":  # nvCOMP inflates without checking the stream's adler32
+            bad = _adler32_mismatches(out, stride, expected, host, offsets, sizes)
+            if bad:
+                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
+                                    [keys[i] for i in bad], "zlib adler32 checksum does not match the decoded data", "zlib")
         base = out
     else:
         bad = [i for i, s in enumerate(sizes) if s != expected]

@@ -128,3 +128,21 @@ def test_zlib_chunks_are_checked_against_their_adler32(tmp_path):
     pathlib.Path(path, "6.0.0").unlink()  # missing: fill value; the rest, adler32 checked, reads as zarr-python reads it
     got = gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get()
     assert_same(np.delete(got, 6, axis=0), np.delete(expected, 6, axis=0))
+
+
+def test_gzip_chunks_are_checked_against_their_crc32(tmp_path):
+    """nvCOMP inflates without the CRC-32 check; the device computes it, so damage that inflates is an error."""
+    path = str(tmp_path / "gz.zarr")
+    data = make_data("int16", SHAPE, seed=10)
+    write_array(path, data, CHUNKS, compressors=[zc.GzipCodec(level=1)])
+    expected = reference(path)
+    chunk = _chunk(path, 9)
+    raw = chunk.read_bytes()
+    damaged = bytearray(raw)
+    damaged[-8] ^= 0x01  # the stored CRC-32: the data inflates as before
+    chunk.write_bytes(bytes(damaged))
+    with pytest.raises(gz.ChunkDecodeError) as info:
+        gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute()
+    assert info.value.key == "c/9/0/0"
+    chunk.write_bytes(raw)
+    assert_same(gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get(), expected)

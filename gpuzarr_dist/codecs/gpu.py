@@ -294,6 +294,31 @@ def _adler32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.nd
     return [i for i in range(n) if int(actual[i]) != stored[i]]
 
 
+def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
+                      sizes: Sequence[int]) -> list[int]:
+    """Indexes of decoded gzip chunks whose CRC-32 (computed on the device) differs from the member's trailer.
+
+    One thread per 4 KiB segment of every chunk, then one per chunk joins its
+    segments' CRCs (:data:`.kernels.CRC32_SRC`). The stored CRC-32 is the
+    first half (little-endian) of each member's 8-byte trailer, in the host buffer.
+    """
+    from .kernels import CRC32_SEGMENT, CRC32_SRC
+
+    n = len(offsets)
+    seg = CRC32_SEGMENT
+    nseg = max(1, -(-nbytes // seg))
+    total = n * nseg
+    segs = cupy.empty(total, dtype=cupy.uint32)
+    _kernel("crc32_segments", CRC32_SRC)(((total + 255) // 256,), (256,), (
+        out, np.int64(stride), np.int64(nbytes), np.int64(seg), np.int64(nseg), np.int64(total), segs))
+    crc = cupy.empty(n, dtype=cupy.uint32)
+    _kernel("crc32_combine", CRC32_SRC)(((n + 63) // 64,), (64,), (
+        segs, np.int64(nseg), np.int64(seg), np.int64(nbytes), np.int32(n), crc))
+    actual = crc.get()
+    stored = [int.from_bytes(bytes(host[o + s - 8 : o + s - 4]), "little") for o, s in zip(offsets, sizes)]
+    return [i for i in range(n) if int(actual[i]) != stored[i]]
+
+
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
                    keys: Sequence[str]) -> None:
     """Check and strip the outer crc32c checksums on the host, in place of ``sizes``."""
@@ -379,6 +404,11 @@ def decode_batch_gpu(
             err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
                                 [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
             raise err
+        if codec.name == "gzip":  # nvCOMP inflates without checking the member's CRC-32
+            bad = _crc32_mismatches(out, stride, expected, host, offsets, sizes)
+            if bad:
+                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
+                                    [keys[i] for i in bad], "gzip CRC-32 does not match the decoded data", "gzip")
         if codec.name == "zlib":  # nvCOMP inflates without checking the stream's adler32
             bad = _adler32_mismatches(out, stride, expected, host, offsets, sizes)
             if bad:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -198,8 +199,12 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
 
 
 def _judge_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                  keys: Sequence[str], suspects: list[tuple[int, str]]) -> None:
-    """Decode the ``suspects`` (index, reason) on the CPU; raise for the first the CPU rejects, naming all of them."""
+                  keys: Sequence[str], suspects: list[tuple[int, str]], codec: str = "zstd") -> None:
+    """Decode the ``suspects`` (index, reason) on the CPU; raise for the first the CPU rejects, naming all of them.
+
+    Returns when the CPU decodes every suspect: the device check was stricter
+    than the format, and the caller decodes the batch on the CPU instead.
+    """
     errors = []
     for i, reason in suspects:
         try:
@@ -208,7 +213,7 @@ def _judge_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
             errors.append((keys[i], f"{reason} (the CPU decoder agrees: {e.reason})"))
     if errors:
         more = f"; {len(errors) - 1} more bad chunk(s) in this block: {', '.join(k for k, _ in errors[1:6])}" if len(errors) > 1 else ""
-        raise ChunkDecodeError(pipeline.array, errors[0][0], errors[0][1] + more, "zstd")
+        raise ChunkDecodeError(pipeline.array, errors[0][0], errors[0][1] + more, codec)
 
 
 _LZ4_CHECK_SRC = r"""
@@ -385,8 +390,9 @@ def decode_batch_gpu(
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
             bad = [i for i, length in enumerate(lengths) if length != expected]
             if bad:
-                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                    [keys[i] for i in bad], f"malformed lz4 block (code {lengths[bad[0]]})", "lz4")
+                _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys,
+                              [(i, f"malformed lz4 block (code {lengths[i]})") for i in bad], "lz4")
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         out = cupy.empty(n * stride, dtype=cupy.uint8)
         try:
             res = _nvcomp_codec(algorithm, stream).decode(
@@ -398,22 +404,21 @@ def decode_batch_gpu(
         except (RuntimeError, ValueError, MemoryError) as e:
             if is_out_of_memory(e):  # not the chunks' fault: the reader reports the block size to lower
                 raise
-            raise _cpu_diagnose(pipeline, host, offsets, stored_sizes, keys, f"nvCOMP: {e}", codec.name) from e
-        bad = [i for i, a in enumerate(actual) if a != expected]
-        if bad:
-            err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
-            raise err
-        if codec.name == "gzip":  # nvCOMP inflates without checking the member's CRC-32
-            bad = _crc32_mismatches(out, stride, expected, host, offsets, sizes)
-            if bad:
-                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                    [keys[i] for i in bad], "gzip CRC-32 does not match the decoded data", "gzip")
-        if codec.name == "zlib":  # nvCOMP inflates without checking the stream's adler32
-            bad = _adler32_mismatches(out, stride, expected, host, offsets, sizes)
-            if bad:
-                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                    [keys[i] for i in bad], "zlib adler32 checksum does not match the decoded data", "zlib")
+            _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, [(i, f"nvCOMP: {e}") for i in range(n)], codec.name)
+            warnings.warn(f"{pipeline.array}: nvCOMP failed on a batch the CPU decodes ({e}); decoded on the CPU",
+                          RuntimeWarning, stacklevel=2)
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        # after the decode: each chunk's size, and the checksums nvCOMP does not verify
+        bad = [(i, f"decoded to {a} bytes, expected {expected}") for i, a in enumerate(actual) if a != expected]
+        if not bad and codec.name == "gzip":
+            bad = [(i, "gzip CRC-32 does not match the decoded data")
+                   for i in _crc32_mismatches(out, stride, expected, host, offsets, sizes)]
+        if not bad and codec.name == "zlib":
+            bad = [(i, "zlib adler32 checksum does not match the decoded data")
+                   for i in _adler32_mismatches(out, stride, expected, host, offsets, sizes)]
+        if bad:  # named when the CPU decoder rejects them too; otherwise the CPU decodes the batch
+            _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, bad, codec.name)
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         base = out
     else:
         bad = [i for i, s in enumerate(sizes) if s != expected]

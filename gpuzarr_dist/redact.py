@@ -10,7 +10,9 @@ known secret strings from any text (a message from a library we called).
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Iterable
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -113,9 +115,6 @@ def scrub_error(error: BaseException, secrets: Iterable[str]) -> BaseException:
 
 
 # --------------------------------------------------------------------------- logs
-
-import logging  # noqa: E402
-import threading  # noqa: E402
 
 _URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):([^/@\s]+)@")
 _QUERY_SECRET = re.compile(r"([?&][^=&\s#]*(?:" + "|".join(SECRET_WORDS) + r")[^=&\s#]*=)[^&\s#'\"]+", re.IGNORECASE)

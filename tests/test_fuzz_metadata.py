@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.stores.source import open_source
 from conftest import assert_same
 
 FUZZ = dict(

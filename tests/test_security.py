@@ -13,7 +13,6 @@ import pickle
 import re
 import threading
 
-import numcodecs
 import numpy as np
 import pytest
 import zarr

@@ -136,7 +136,22 @@ def _fill_value(raw: Any, dtype: np.dtype) -> Any:
 
 
 def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
-    """Build an :class:`ArraySpec` from a zarr-python ``ArrayV2Metadata``/``ArrayV3Metadata``."""
+    """Build an :class:`ArraySpec` from a zarr-python ``ArrayV2Metadata``/``ArrayV3Metadata``.
+
+    Raises :class:`MetadataError` naming the document for anything it cannot
+    describe, including metadata zarr-python opened but cannot itself serialise
+    (seen with fuzzed fill values such as ``[]`` for a bool array).
+    """
+    try:
+        return _spec_from_zarr_metadata(metadata, name)
+    except MetadataError:
+        raise
+    except Exception as e:  # zarr-python's metadata objects raise many kinds of error
+        doc = ".zarray" if getattr(metadata, "zarr_format", 3) == 2 else "zarr.json"
+        raise MetadataError(f"{name}: {doc} could not be read: {type(e).__name__}: {e}") from e
+
+
+def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
     meta = metadata.to_dict()
     fmt = int(meta.get("zarr_format", 3))
     shape = tuple(int(s) for s in meta["shape"])
@@ -193,6 +208,8 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
     if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):
         raise MetadataError(f"{name}: {mkey} chunk shape {chunk_shape} does not fit array shape {shape}")
+    if any(not 0 <= s < 2**63 for s in (*shape, *chunk_shape, *(shard_shape or ()))):  # numpy and dask index with int64
+        raise MetadataError(f"{name}: {mkey} shape {shape} / chunk shape {shard_shape or chunk_shape} has a dimension outside 0 .. 2**63-1")
     for what, dims in (("chunk shape", chunk_shape), ("shard shape", shard_shape or ())):
         if math.prod(dims) * dtype.itemsize >= 2**63:  # no buffer that size can be allocated or indexed
             raise MetadataError(f"{name}: {mkey} {what} {dims} of {dtype} needs more than 2**63 bytes per chunk")

@@ -249,3 +249,19 @@ def test_random_documents_raise_metadata_error(fuzz_folder, raw, name):
     with pytest.raises((gz.MetadataError, FileNotFoundError)) as info:
         gz.from_zarr_gpu(fuzz_folder, device="cpu")
     assert fuzz_folder in str(info.value)
+
+
+@pytest.mark.parametrize("shape,chunks", [(2**64, [1]), ([2**63], [1]), ([4], [2**64]), ([2**62, 2**62], [2**61, 2**61])])
+def test_dimensions_beyond_int64_raise_metadata_error(fuzz_folder, shape, chunks):
+    """Found by the fuzzer: zarr-python accepts them, numpy and dask cannot index them."""
+    doc = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "bool",
+           "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+           "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}}, "fill_value": False,
+           "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}]}
+    _write_docs(fuzz_folder, {"zarr.json": json.dumps(doc).encode()})
+    try:
+        gz.from_zarr_gpu(fuzz_folder, device="cpu")
+    except gz.MetadataError as e:
+        assert "zarr.json" in str(e) and fuzz_folder in str(e)
+    else:
+        pytest.fail("opened an array numpy cannot index")

@@ -146,3 +146,21 @@ def test_gzip_chunks_are_checked_against_their_crc32(tmp_path):
     assert info.value.key == "c/9/0/0"
     chunk.write_bytes(raw)
     assert_same(gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get(), expected)
+
+
+def test_zstd_content_checksums_are_verified(tmp_path):
+    """nvCOMP ignores the content checksum of frames written with checksum=True; the device checks it."""
+    path = str(tmp_path / "zc.zarr")
+    data = make_data("float32", SHAPE, seed=11)
+    write_array(path, data, CHUNKS, compressors=[zc.ZstdCodec(level=3, checksum=True)])
+    expected = reference(path)
+    chunk = _chunk(path, 13)
+    raw = chunk.read_bytes()
+    damaged = bytearray(raw)
+    damaged[-1] ^= 0x10  # the checksum: the frame decodes as before, libzstd rejects it
+    chunk.write_bytes(bytes(damaged))
+    with pytest.raises(gz.ChunkDecodeError) as info:
+        gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute()
+    assert info.value.key == "c/13/0/0"
+    chunk.write_bytes(raw)
+    assert_same(gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get(), expected)

@@ -10,7 +10,7 @@ Usage (on a machine with a GPU, from the repository root)::
 Each case is one damaged chunk (bit flips, truncation, extension, header field
 edits, overwritten runs, random bytes, zero length, a valid chunk of another
 size, two frames in one chunk ...) of one codec chain (zstd, zstd with 256 KiB
-multi-block chunks, gzip, zlib, lz4, and crc32c-wrapped zstd/zlib/lz4 whose
+multi-block chunks, zstd with content checksums, gzip, zlib, lz4, and crc32c-wrapped zstd/zlib/lz4 whose
 checksum is recomputed after the damage half the time so that the damage
 reaches the decoder). It is decoded by ``decode_batch_gpu`` in one batch with
 good chunks of the same chain, at a random position, and judged against the CPU
@@ -55,6 +55,7 @@ sys.path.insert(0, ROOT)
 CHAINS = {
     "zstd": ("zstd", False, (64, 64)),
     "zstd-256KiB": ("zstd", False, (256, 256)),
+    "zstd-checksum": ("zstd-checksum", False, (64, 64)),
     "gzip": ("gzip", False, (64, 64)),
     "zlib": ("zlib", False, (64, 64)),
     "lz4": ("lz4", False, (64, 64)),
@@ -76,6 +77,7 @@ def _numcodec(name: str, level: int | None = None):
 
     return {
         "zstd": lambda: numcodecs.Zstd(level=level if level is not None else 1),
+        "zstd-checksum": lambda: numcodecs.Zstd(level=level if level is not None else 1, checksum=True),
         "gzip": lambda: numcodecs.GZip(level=level if level is not None else 1),
         "zlib": lambda: numcodecs.Zlib(level=level if level is not None else 1),
         "lz4": lambda: numcodecs.LZ4(),
@@ -106,7 +108,7 @@ def _payload(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 def _encode(chain: str, arr: np.ndarray, rng: np.random.Generator) -> bytes:
     comp, crc, _ = CHAINS[chain]
-    level = int(rng.choice([1, 3, 9])) if comp in ("zstd", "gzip", "zlib") else None
+    level = int(rng.choice([1, 3, 9])) if comp != "lz4" else None
     body = _numcodec(comp, level).encode(np.ascontiguousarray(arr).tobytes())
     return _crc(bytes(body)) if crc else bytes(body)
 
@@ -202,7 +204,7 @@ def _spec(chain: str):
     from gpuzarr_dist.metadata import ArraySpec, CodecSpec
 
     comp, crc, shape = CHAINS[chain]
-    codecs = [CodecSpec("bytes", {"endian": "little"}), CodecSpec(comp, {})] + ([CodecSpec("crc32c", {})] if crc else [])
+    codecs = [CodecSpec("bytes", {"endian": "little"}), CodecSpec(comp.split("-")[0], {})] + ([CodecSpec("crc32c", {})] if crc else [])
     return ArraySpec(name=f"fuzz-{chain}", shape=(shape[0] * 8, shape[1]), chunk_shape=shape, dtype=np.dtype("f4"),
                      fill_value=np.float32(0), zarr_format=3, codecs=tuple(codecs), key_prefix="c", key_separator="/",
                      metadata_key="zarr.json")

@@ -265,3 +265,42 @@ def test_dimensions_beyond_int64_raise_metadata_error(fuzz_folder, shape, chunks
         assert "zarr.json" in str(e) and fuzz_folder in str(e)
     else:
         pytest.fail("opened an array numpy cannot index")
+
+
+@pytest.mark.parametrize("fmt,edit,field", [
+    (3, {"shape": "abc"}, "'shape'"),
+    (3, {"shape": [4, 4]}, "'chunk_grid.configuration.chunk_shape'"),
+    (3, {"chunk_key_encoding": {"name": "default", "configuration": {"separator": "x"}}}, "'chunk_key_encoding.configuration.separator'"),
+    (3, {"codecs": [{"name": "bytes", "configuration": 5}]}, "'codecs'"),
+    (2, {"chunks": [0]}, "'chunks'"),
+    (2, {"order": "K"}, "'order'"),
+    (2, {"filters": [{"x": 1}]}, "'filters'"),
+    (2, {"dimension_separator": "\\\\"}, "'dimension_separator'"),
+])
+def test_metadata_errors_name_the_field(tmp_path, fmt, edit, field):
+    path = str(tmp_path / "f.zarr")
+    zarr.create_array(path, shape=(4,), chunks=(2,), dtype="i4", zarr_format=fmt)
+    doc = os.path.join(path, "zarr.json" if fmt == 3 else ".zarray")
+    with open(doc) as f:
+        meta = json.load(f)
+    meta.update(edit)
+    with open(doc, "w") as f:
+        json.dump(meta, f)
+    with pytest.raises(gz.MetadataError) as info:
+        gz.from_zarr_gpu(path, device="cpu")
+    assert f"field {field}" in str(info.value) and os.path.basename(doc) in str(info.value) and path in str(info.value)
+
+
+def test_bad_metadata_field_accepts_what_zarr_python_writes(tmp_path):
+    from gpuzarr_dist.metadata import bad_metadata_field
+
+    for fmt in (2, 3):
+        for i, kw in enumerate([{}, {"shards": (4,)}, {"compressors": None}, {"filters": None}, {"fill_value": 3}]):
+            if fmt == 2 and "shards" in kw:
+                continue
+            path = str(tmp_path / f"ok{fmt}{i}.zarr")
+            zarr.create_array(path, shape=(8,), chunks=(2,), dtype="f4", zarr_format=fmt, attributes={"a": 1}, **kw)
+            for name in ("zarr.json", ".zarray", ".zattrs"):
+                if os.path.exists(os.path.join(path, name)):
+                    with open(os.path.join(path, name)) as f:
+                        assert bad_metadata_field(json.load(f), name) is None, (fmt, kw, name)

@@ -52,6 +52,31 @@ def _check_component(component: str | None) -> None:
         raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
 
 
+def _field_hint(where: str) -> str:
+    """``"<document>: field 'x' ...; "`` for the first malformed field of a local metadata file (and its .zattrs)."""
+    import json
+
+    from ..metadata import bad_metadata_field
+
+    base = os.path.basename(where)
+    if base not in _METADATA_FILES or not os.path.isfile(where):
+        return ""
+    folder = os.path.dirname(where)
+    for name in (base, ".zattrs") if base == ".zarray" else (base,):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            return f"not valid JSON ({e}); " if path == where else f"{path} is not valid JSON ({e}); "
+        why = bad_metadata_field(doc, name)
+        if why:
+            return f"{why}; " if path == where else f"{path}: {why}; "
+    return ""
+
+
 def _raise_if_document_exists(name: str, where: str, error: Exception) -> None:
     """A metadata file that is there but not recognised (e.g. ``zarr_format`` damaged) is bad metadata, not a missing array."""
     if os.path.basename(where) in _METADATA_FILES and os.path.isfile(where):
@@ -73,11 +98,15 @@ def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] 
             _raise_if_document_exists(name, where, e)
             raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
         if kind == "UnknownCodecError":
+            hint = _field_hint(where)
+            if hint:  # not an unknown codec but a malformed codec object (e.g. without an id)
+                raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {hint}{kind}: {e}") from e
             codec = getattr(e, "codec_id", None) or _quoted(str(e))
             raise UnsupportedCodecError(codec, name, known_codecs()) from e
         if isinstance(e, OSError):
             raise
-        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {kind}: {e}") from e
+        hint = _field_hint(where)
+        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {hint}{kind}: {e}") from e
     if isinstance(node, zarr.Group):
         _raise_if_not_a_group_document(name, where)
         arrays = sorted(k for k, _ in node.arrays())

@@ -63,6 +63,13 @@ class BlockReader:
         state["_pipeline"] = None
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        # in a worker process: the store libraries' log records are redacted there too
+        from .redact import install_log_filter
+
+        install_log_filter()
+
     def __repr__(self) -> str:
         return f"BlockReader({self.spec.name!r}, shape={self.shape}, dtype={self.dtype}, device={self.device!r})"
 

@@ -231,3 +231,36 @@ def test_redaction_helpers():
                               "endpoint_url": "http://h", "anon": False})
     assert "http://h" not in secrets and SECRET in secrets and "AKIA1234" in secrets
     assert scrub(f"failed for {SECRET} and AKIA1234", secrets) == "failed for *** and ***"
+
+
+def test_log_records_of_store_libraries_are_redacted_in_any_process(monkeypatch):
+    """Unpickling a reader (what a dask worker does) installs the filter; URL passwords and signatures are masked."""
+    import logging
+    import pickle as pk
+
+    from gpuzarr_dist import redact
+    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.stores.source import open_source
+
+    logger = logging.getLogger("fsspec.http")
+    for f in [f for f in logger.filters if isinstance(f, redact.RedactingFilter)]:  # as in a fresh worker process
+        monkeypatch.setattr(logger, "filters", [g for g in logger.filters if g is not f])
+    monkeypatch.setattr(redact, "_filter", None)
+    store = zarr.storage.MemoryStore()
+    zarr.create_array(store, shape=(2,), dtype="i1")
+    pk.loads(pk.dumps(BlockReader(*open_source(store), "cpu")))
+    assert any(isinstance(f, redact.RedactingFilter) for f in logger.filters)
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    monkeypatch.setattr(logger, "level", logging.DEBUG)
+    try:
+        logger.debug("GET %s", f"https://user:{SECRET}@host/a.zarr/c/0?X-Amz-Signature={SECRET}&v=1")
+    finally:
+        logger.removeHandler(handler)
+    assert records and SECRET not in records[0] and "user:***@host" in records[0] and "v=1" in records[0]

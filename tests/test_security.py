@@ -233,7 +233,7 @@ def test_redaction_helpers():
     assert scrub(f"failed for {SECRET} and AKIA1234", secrets) == "failed for *** and ***"
 
 
-def test_log_records_of_store_libraries_are_redacted_in_any_process(monkeypatch):
+def test_log_records_of_store_libraries_are_redacted_in_any_process(monkeypatch, caplog):
     """Unpickling a reader (what a dask worker does) installs the filter; URL passwords and signatures are masked."""
     import logging
     import pickle as pk
@@ -250,17 +250,7 @@ def test_log_records_of_store_libraries_are_redacted_in_any_process(monkeypatch)
     zarr.create_array(store, shape=(2,), dtype="i1")
     pk.loads(pk.dumps(BlockReader(*open_source(store), "cpu")))
     assert any(isinstance(f, redact.RedactingFilter) for f in logger.filters)
-    records = []
-
-    class Keep(logging.Handler):
-        def emit(self, record):
-            records.append(record.getMessage())
-
-    handler = Keep()
-    logger.addHandler(handler)
-    monkeypatch.setattr(logger, "level", logging.DEBUG)
-    try:
-        logger.debug("GET %s", f"https://user:{SECRET}@host/a.zarr/c/0?X-Amz-Signature={SECRET}&v=1")
-    finally:
-        logger.removeHandler(handler)
+    caplog.set_level(logging.DEBUG, logger="fsspec.http")
+    logger.debug("GET %s", f"https://user:{SECRET}@host/a.zarr/c/0?X-Amz-Signature={SECRET}&v=1")
+    records = [r.getMessage() for r in caplog.records if r.name == "fsspec.http"]
     assert records and SECRET not in records[0] and "user:***@host" in records[0] and "v=1" in records[0]

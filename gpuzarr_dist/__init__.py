@@ -27,6 +27,7 @@ from .runtime.device import gpu_available, resolve_device
 from .xarray_backend import open_dataset
 from .write import to_zarr_gpu
 from .windows import WindowSampler, sample_windows
+from .errors import GpuOutOfMemoryError
 
 __version__ = "0.1.0"
 
@@ -61,3 +62,4 @@ def __getattr__(name: str):
 
         return start_cluster
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ += ["GpuOutOfMemoryError"]

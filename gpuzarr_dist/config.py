@@ -21,6 +21,11 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     for transient errors (5xx, resets, timeouts; 5), the first backoff in seconds
     (0.1, doubled per attempt, with full jitter), and the seconds one request may
     take (60).
+``gpuzarr.io-retries`` / ``gpuzarr.io-retry-delay``
+    How often a chunk read that failed with a transient ``OSError`` (``EIO``,
+    ``EAGAIN``, ``ETIMEDOUT`` ...) is tried again (default 3), and the wait in
+    seconds before the first retry (default 0.05, doubling each time). Then
+    the read fails with ``ChunkReadError``.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ DEFAULTS: dict = {
         "decode-threads": None,
         "shards": {"merge-gap": None, "max-range": "16 MiB"},
         "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60},
+        "io-retries": 3,
+        "io-retry-delay": 0.05,
     }
 }
 
@@ -56,3 +63,11 @@ def io_threads() -> int:
 def decode_threads() -> int:
     n = dask.config.get("gpuzarr.decode-threads")
     return max(1, int(n) if n else (os.cpu_count() or 1))
+
+
+def io_retries() -> int:
+    return max(0, int(dask.config.get("gpuzarr.io-retries")))
+
+
+def io_retry_delay() -> float:
+    return max(0.0, float(dask.config.get("gpuzarr.io-retry-delay")))

@@ -79,3 +79,9 @@ class ChunkWriteError(GpuZarrError, OSError):
         self.array = array
         self.key = key
         super().__init__(f"{array}: writing {key!r} failed: {reason}")
+class GpuOutOfMemoryError(GpuZarrError, MemoryError):
+    """The GPU ran out of memory while reading a block; the message says the block size and how to lower it."""
+
+    def __init__(self, array: str, message: str):
+        self.array = array
+        super().__init__(message)

@@ -121,7 +121,13 @@ def from_zarr_gpu(
     dev = resolve_device(device)
     store, spec = open_source(source, component, storage_options)
     reader = BlockReader(store, spec, dev)
-    block_chunks = _block_chunks(spec, chunks, dev)
+    try:
+        block_chunks = _block_chunks(spec, chunks, dev)
+    except (MemoryError, OverflowError) as e:  # e.g. shape (2**62, 3) in chunks of 2: billions of blocks to list
+        raise ValueError(
+            f"{spec.name}: shape {spec.shape} in blocks of {spec.read_unit} chunks or more gives too many dask "
+            f"blocks to list ({type(e).__name__}); pass larger chunks= or open a region of the array"
+        ) from e
     _warn_if_array_expr()
     prefix = GPU_LAYER_PREFIX if dev == "gpu" else "from-zarr-gpu-cpu-"
     name = prefix + tokenize(store.token(), spec, dev, block_chunks)

@@ -136,7 +136,22 @@ def _fill_value(raw: Any, dtype: np.dtype) -> Any:
 
 
 def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
-    """Build an :class:`ArraySpec` from a zarr-python ``ArrayV2Metadata``/``ArrayV3Metadata``."""
+    """Build an :class:`ArraySpec` from a zarr-python ``ArrayV2Metadata``/``ArrayV3Metadata``.
+
+    Raises :class:`MetadataError` naming the document for anything it cannot
+    describe, including metadata zarr-python opened but cannot itself serialise
+    (seen with fuzzed fill values such as ``[]`` for a bool array).
+    """
+    try:
+        return _spec_from_zarr_metadata(metadata, name)
+    except MetadataError:
+        raise
+    except Exception as e:  # zarr-python's metadata objects raise many kinds of error
+        doc = ".zarray" if getattr(metadata, "zarr_format", 3) == 2 else "zarr.json"
+        raise MetadataError(f"{name}: {doc} could not be read: {type(e).__name__}: {e}") from e
+
+
+def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
     meta = metadata.to_dict()
     fmt = int(meta.get("zarr_format", 3))
     shape = tuple(int(s) for s in meta["shape"])
@@ -187,10 +202,18 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         codecs = _v2_codecs(meta, dtype, len(shape), name)
     else:
         raise MetadataError(f"{name}: unsupported zarr_format {fmt!r}")
+    if sep not in (".", "/"):  # zarr-python checks this too; keys become paths, so check again here
+        raise MetadataError(f"{name}: {mkey} chunk key separator must be '.' or '/', got {sep!r}")
     if dtype.hasobject or dtype.kind in "OUSV":
         raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
     if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):
-        raise MetadataError(f"{name}: {mkey} chunk shape {chunk_shape} does not fit array shape {shape}")
+        field_name = "chunks" if fmt == 2 else "chunk_grid.configuration.chunk_shape"
+        raise MetadataError(f"{name}: {mkey} field {field_name!r}: chunk shape {chunk_shape} does not fit array shape {shape}")
+    if any(not 0 <= s < 2**63 for s in (*shape, *chunk_shape, *(shard_shape or ()))):  # numpy and dask index with int64
+        raise MetadataError(f"{name}: {mkey} shape {shape} / chunk shape {shard_shape or chunk_shape} has a dimension outside 0 .. 2**63-1")
+    for what, dims in (("chunk shape", chunk_shape), ("shard shape", shard_shape or ())):
+        if math.prod(dims) * dtype.itemsize >= 2**63:  # no buffer that size can be allocated or indexed
+            raise MetadataError(f"{name}: {mkey} {what} {dims} of {dtype} needs more than 2**63 bytes per chunk")
     return ArraySpec(
         name=name,
         shape=shape,
@@ -206,3 +229,102 @@ def spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         shard_index_codecs=index_codecs,
         shard_index_location=index_location,
     )
+
+
+# --------------------------------------------------------------------------- naming the bad field
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _dims(v: Any, positive: bool) -> bool:
+    return isinstance(v, list) and all(_is_int(d) and (d > 0 if positive else d >= 0) for d in v)
+
+
+def _codec_list(v: Any, key: str) -> str | None:
+    if not isinstance(v, list):
+        return "must be a list of codec objects"
+    for i, c in enumerate(v):
+        if isinstance(c, str) and key == "name":
+            continue
+        if not isinstance(c, dict) or not isinstance(c.get(key), str):
+            return f"item {i} must be an object with a string {key!r}, got {c!r:.80}"
+        if key == "name" and "configuration" in c and not isinstance(c["configuration"], dict):
+            return f"item {i} ({c[key]!r}) has a configuration that is not an object"
+    return None
+
+
+def bad_metadata_field(doc: Any, metadata_key: str) -> str | None:
+    """The first field of a parsed ``zarr.json`` / ``.zarray`` / ``.zattrs`` document that is malformed, described.
+
+    A structural check of the JSON (types, ranges, consistent lengths), run
+    when zarr-python rejects a document, so the error can name the field;
+    ``None`` when nothing is found here (zarr-python's own message then stands).
+    """
+    if not isinstance(doc, dict):
+        return f"the document must be a JSON object, got {type(doc).__name__}"
+    if metadata_key == ".zattrs":
+        return None
+    checks: list[tuple[str, bool, str]]
+    if metadata_key == "zarr.json":
+        grid = doc.get("chunk_grid")
+        cfg = grid.get("configuration") if isinstance(grid, dict) else None
+        chunk_shape = cfg.get("chunk_shape") if isinstance(cfg, dict) else None
+        enc = doc.get("chunk_key_encoding")
+        enc_cfg = enc.get("configuration", {}) if isinstance(enc, dict) else None
+        checks = [
+            ("zarr_format", doc.get("zarr_format") == 3, "must be 3"),
+            ("node_type", doc.get("node_type") in ("array", "group"), "must be 'array' or 'group'"),
+        ]
+        if doc.get("node_type") == "group":
+            return None
+        checks += [
+            ("shape", _dims(doc.get("shape"), False), "must be a list of non-negative integers"),
+            ("data_type", isinstance(doc.get("data_type"), (str, dict)), "must be a data type name or object"),
+            ("chunk_grid", isinstance(grid, dict) and isinstance(grid.get("name"), str), "must be an object with a 'name'"),
+            ("chunk_grid.configuration.chunk_shape",
+             grid is None or not isinstance(grid, dict) or grid.get("name") != "regular"
+             or (_dims(chunk_shape, True) and isinstance(doc.get("shape"), list) and len(chunk_shape) == len(doc["shape"])),
+             "must be a list of positive integers, one per dimension of shape"),
+            ("chunk_key_encoding", isinstance(enc, dict) and enc.get("name") in ("default", "v2"),
+             "must be an object named 'default' or 'v2'"),
+            ("chunk_key_encoding.configuration.separator",
+             not isinstance(enc_cfg, dict) or enc_cfg.get("separator", "/") in ("/", "."), "must be '/' or '.'"),
+            ("fill_value", "fill_value" in doc, "is required"),
+            ("codecs", isinstance(doc.get("codecs"), list) and len(doc["codecs"]) > 0, "must be a non-empty list"),
+        ]
+        checks.append(("attributes", isinstance(doc.get("attributes", {}), dict), "must be an object"))
+        for field_name, ok, why in checks:
+            if not ok:
+                return f"field {field_name!r} {why}, got {_shown(doc, field_name)}"
+        why = _codec_list(doc["codecs"], "name")
+        return f"field 'codecs' {why}" if why else None
+    checks = [
+        ("zarr_format", doc.get("zarr_format") == 2, "must be 2"),
+        ("shape", _dims(doc.get("shape"), False), "must be a list of non-negative integers"),
+        ("chunks", _dims(doc.get("chunks"), True) and isinstance(doc.get("shape"), list)
+         and len(doc["chunks"]) == len(doc["shape"]), "must be a list of positive integers, one per dimension of shape"),
+        ("dtype", isinstance(doc.get("dtype"), (str, list)), "must be a NumPy type string"),
+        ("order", doc.get("order", "C") in ("C", "F"), "must be 'C' or 'F'"),
+        ("compressor", doc.get("compressor") is None or (isinstance(doc["compressor"], dict)
+                                                         and isinstance(doc["compressor"].get("id"), str)),
+         "must be null or an object with a string 'id'"),
+        ("filters", doc.get("filters") is None or _codec_list(doc["filters"], "id") is None,
+         "must be null or a list of objects with a string 'id'"),
+        ("dimension_separator", doc.get("dimension_separator", ".") in (".", "/"), "must be '.' or '/'"),
+        ("fill_value", "fill_value" in doc, "is required"),
+    ]
+    for field_name, ok, why in checks:
+        if not ok:
+            return f"field {field_name!r} {why}, got {_shown(doc, field_name)}"
+    return None
+
+
+def _shown(doc: dict, dotted: str) -> str:
+    node: Any = doc
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return "nothing (missing)"
+        node = node[part]
+    return f"{node!r:.80}"

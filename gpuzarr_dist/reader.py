@@ -20,6 +20,7 @@ import numpy as np
 
 from .assemble import Plan, finish, plan_selection, split_fancy
 from .codecs.pipeline import CodecPipeline
+from .errors import GpuOutOfMemoryError
 from .metadata import ArraySpec
 from .runtime.threads import decode_pool
 from .stores.base import ChunkStore
@@ -62,6 +63,13 @@ class BlockReader:
         state["_pipeline"] = None
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        # in a worker process: the store libraries' log records are redacted there too
+        from .redact import install_log_filter
+
+        install_log_filter()
+
     def __repr__(self) -> str:
         return f"BlockReader({self.spec.name!r}, shape={self.shape}, dtype={self.dtype}, device={self.device!r})"
 
@@ -77,7 +85,14 @@ class BlockReader:
         if self.device == "gpu":
             from .reader_gpu import read_plan_gpu
 
-            out = read_plan_gpu(self, plan)
+            try:
+                out = read_plan_gpu(self, plan)
+            except Exception as e:
+                from .runtime.memory import is_out_of_memory, out_of_memory_error
+
+                if is_out_of_memory(e) and not isinstance(e, GpuOutOfMemoryError):
+                    raise out_of_memory_error(self.spec.name, plan.out_shape, self.spec.dtype, len(plan.parts), e) from e
+                raise
         else:
             out = self._read_plan_cpu(plan)
         out = finish(out, plan)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
+from ..runtime.memory import is_out_of_memory
 
 #: codec name -> (nvCOMP algorithm, bytes to strip before the payload, bytes to strip after it)
 NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
@@ -145,44 +147,6 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
                 raise ChunkDecodeError(array, key, f"lz4 prefix states {stated} decoded bytes, expected {expected}", codec)
 
 
-_ZSTD_FRAMES_SRC = r"""
-extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
-                                       int n, long long* fcs_out, long long* len_out) {
-    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its block
-    // headers: the decoded size the frame states (-1 none, -2 not zstd, -3 header cut)
-    // and the bytes the frame spans (-4 reserved block type).
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const unsigned char* p = src + offs[i];
-    long long len = sizes[i];
-    fcs_out[i] = -2; len_out[i] = -1;
-    if (len < 6) return;
-    unsigned int magic = p[0] | (p[1] << 8) | (p[2] << 16) | ((unsigned int)p[3] << 24);
-    if (magic != 0xFD2FB528u) return;
-    unsigned int desc = p[4];
-    int single = (desc >> 5) & 1, dflag = desc & 3, fflag = desc >> 6, cks = (desc >> 2) & 1;
-    int fsz = fflag == 0 ? single : (fflag == 1 ? 2 : (fflag == 2 ? 4 : 8));
-    long long pos = 5 + (single ? 0 : 1) + (dflag == 3 ? 4 : dflag);
-    if (pos + fsz > len) { fcs_out[i] = -3; return; }
-    long long fcs = -1;
-    if (fsz) {
-        fcs = 0;
-        for (int k = 0; k < fsz; k++) fcs |= ((long long)p[pos + k]) << (8 * k);
-        if (fsz == 2) fcs += 256;
-    }
-    fcs_out[i] = fcs;
-    pos += fsz;
-    while (true) {
-        if (pos + 3 > len) { len_out[i] = pos + 3; return; }
-        unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
-        pos += 3;
-        unsigned int kind = (h >> 1) & 3;
-        if (kind == 3) { len_out[i] = -4; return; }
-        pos += (kind == 1) ? 1 : (h >> 3);
-        if (h & 1) { len_out[i] = pos + 4 * cks; return; }
-    }
-}
-"""
 
 
 _kernels: dict[str, cupy.RawKernel] = {}
@@ -199,21 +163,31 @@ def _kernel(name: str, src: str) -> cupy.RawKernel:
 
 
 def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                 keys: Sequence[str], expected: int) -> None:
-    """Check every zstd frame on the device, one thread each: magic number, stated size, frame length.
+                 keys: Sequence[str], expected: int) -> list[tuple[int, str]]:
+    """Check every zstd frame on the device, one thread each, before nvCOMP sees any of them.
 
-    A truncated frame whose header still states the right size decodes on the
-    GPU without an error (seen with nvCOMP 6), and a frame larger than its slot
-    overwrites the next one: both are caught here, before nvCOMP runs.
-    Raises :class:`_NoStatedSize` for frames the CPU decoder must handle
-    (no stated size, or several frames in one chunk).
+    Definite errors raise :class:`ChunkDecodeError`: a bad magic number, a
+    cut header, a stated size other than the chunk's, blocks running past the
+    chunk (nvCOMP 6 decodes a truncated frame whose header still states the
+    right size without an error, and a frame larger than its slot overwrites
+    the next one). Raises :class:`_NoStatedSize` for frames the CPU decoder
+    must handle (no stated size, or several frames in one chunk).
+
+    Returns the frames whose block structure is impossible (see
+    :data:`.kernels.ZSTD_DEEP_REASONS`) as ``(index, reason)``: these are kept
+    from nvCOMP, which has faulted the CUDA context on such input, and the
+    caller lets the CPU decoder judge them.
     """
+    from .kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
+
     n = len(offsets)
     offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
     lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
     fcs, length = cupy.empty(n, dtype=cupy.int64), cupy.empty(n, dtype=cupy.int64)
-    _kernel("zstd_frames", _ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length))
-    fcs, length = fcs.get(), length.get()
+    deep = cupy.empty(n, dtype=cupy.int32)
+    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length, deep))
+    fcs, length, deep = fcs.get(), length.get(), deep.get()
+    suspects = []
     for i in range(n):
         why = None
         if fcs[i] == -2:
@@ -228,8 +202,29 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
             why = f"zstd frame states {fcs[i]} decoded bytes, expected {expected}"
         elif length[i] > sizes[i]:
             why = f"zstd frame is truncated: its blocks need {length[i]} bytes, the chunk holds {sizes[i]}"
+        elif deep[i]:
+            suspects.append((i, ZSTD_DEEP_REASONS.get(int(deep[i]), f"zstd frame structure check {int(deep[i])}")))
         if why:
             raise ChunkDecodeError(array, keys[i], why, "zstd")
+    return suspects
+
+
+def _judge_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                  keys: Sequence[str], suspects: list[tuple[int, str]], codec: str = "zstd") -> None:
+    """Decode the ``suspects`` (index, reason) on the CPU; raise for the first the CPU rejects, naming all of them.
+
+    Returns when the CPU decodes every suspect: the device check was stricter
+    than the format, and the caller decodes the batch on the CPU instead.
+    """
+    errors = []
+    for i, reason in suspects:
+        try:
+            pipeline.decode_chunk(bytes(host[offsets[i] : offsets[i] + sizes[i]]), keys[i])
+        except ChunkDecodeError as e:
+            errors.append((keys[i], f"{reason} (the CPU decoder agrees: {e.reason})"))
+    if errors:
+        more = f"; {len(errors) - 1} more bad chunk(s) in this block: {', '.join(k for k, _ in errors[1:6])}" if len(errors) > 1 else ""
+        raise ChunkDecodeError(pipeline.array, errors[0][0], errors[0][1] + more, codec)
 
 
 _LZ4_CHECK_SRC = r"""
@@ -285,6 +280,81 @@ def _lz4_lengths(dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
     out = cupy.empty(n, dtype=cupy.int64)
     kernel(((n + 63) // 64,), (64,), (dev, offs, lens, np.int64(limit), np.int32(n), out))
     return out.get()
+
+
+_ADLER_MOD = 65521
+_weighted_sum: Any = None
+
+
+def _adler32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
+                        sizes: Sequence[int]) -> list[int]:
+    """Indexes of decoded zlib chunks whose adler32 (computed on the device) differs from the stored one.
+
+    adler32 is ``A = 1 + sum(d) mod 65521`` and ``B = n + sum((n - i) * d[i]) mod 65521``: two
+    reductions over all chunks at once, no copy of the data to the host. The stored checksum
+    is the last 4 bytes (big-endian) of each zlib stream, still in the pinned host buffer.
+    """
+    global _weighted_sum
+    n = len(offsets)
+    if nbytes == 0 or nbytes > 2**27:  # 64-bit sums of (n - i) * 255 overflow past 2**27 bytes: not checked
+        return []
+    if _weighted_sum is None:
+        _weighted_sum = cupy.ReductionKernel("uint8 d, int64 w", "int64 y", "(long long)d * w", "a + b", "y = a", "0",
+                                             "gpuzarr_weighted_sum")
+    data = cupy.ndarray((n, nbytes), dtype=cupy.uint8, memptr=out.data, strides=(stride, 1))
+    weights = nbytes - cupy.arange(nbytes, dtype=cupy.int64)
+    a = (1 + data.sum(axis=1, dtype=cupy.int64)) % _ADLER_MOD
+    b = (nbytes + _weighted_sum(data, weights, axis=1)) % _ADLER_MOD
+    actual = ((b << 16) | a).get()
+    stored = [int.from_bytes(bytes(host[o + s - 4 : o + s]), "big") for o, s in zip(offsets, sizes)]
+    return [i for i in range(n) if int(actual[i]) != stored[i]]
+
+
+def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
+                      sizes: Sequence[int]) -> list[int]:
+    """Indexes of decoded gzip chunks whose CRC-32 (computed on the device) differs from the member's trailer.
+
+    One thread per 4 KiB segment of every chunk, then one per chunk joins its
+    segments' CRCs (:data:`.kernels.CRC32_SRC`). The stored CRC-32 is the
+    first half (little-endian) of each member's 8-byte trailer, in the host buffer.
+    """
+    from .kernels import CRC32_SEGMENT, CRC32_SRC
+
+    n = len(offsets)
+    seg = CRC32_SEGMENT
+    nseg = max(1, -(-nbytes // seg))
+    total = n * nseg
+    segs = cupy.empty(total, dtype=cupy.uint32)
+    _kernel("crc32_segments", CRC32_SRC)(((total + 255) // 256,), (256,), (
+        out, np.int64(stride), np.int64(nbytes), np.int64(seg), np.int64(nseg), np.int64(total), segs))
+    crc = cupy.empty(n, dtype=cupy.uint32)
+    _kernel("crc32_combine", CRC32_SRC)(((n + 63) // 64,), (64,), (
+        segs, np.int64(nseg), np.int64(seg), np.int64(nbytes), np.int32(n), crc))
+    actual = crc.get()
+    stored = [int.from_bytes(bytes(host[o + s - 8 : o + s - 4]), "little") for o, s in zip(offsets, sizes)]
+    return [i for i in range(n) if int(actual[i]) != stored[i]]
+
+
+def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
+                      sizes: Sequence[int]) -> list[int]:
+    """Indexes of decoded zstd frames written with a content checksum whose checksum does not match.
+
+    nvCOMP does not verify it. Only frames whose header sets the checksum flag
+    are hashed (XXH64 on the device, one thread per chunk; see
+    :data:`.kernels.XXH64_SRC`); the stored value is the frame's last 4 bytes.
+    """
+    from .kernels import XXH64_SRC
+
+    wanted = np.array([host[o + 4] & 4 for o in offsets], dtype=np.uint8)
+    if not wanted.any():
+        return []
+    n = len(offsets)
+    got = cupy.zeros(n, dtype=cupy.uint32)
+    _kernel("xxh64_low32", XXH64_SRC)(((n + 63) // 64,), (64,), (
+        out, np.int64(stride), np.int64(nbytes), np.int32(n), cupy.asarray(wanted), got))
+    actual = got.get()
+    return [i for i in range(n) if wanted[i]
+            and int(actual[i]) != int.from_bytes(bytes(host[offsets[i] + sizes[i] - 4 : offsets[i] + sizes[i]]), "little")]
 
 
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
@@ -350,15 +420,19 @@ def decode_batch_gpu(
         _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
         if codec.name == "zstd":
             try:
-                _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)
+                suspects = _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)
             except _NoStatedSize:
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+            if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
+                _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
             bad = [i for i, length in enumerate(lengths) if length != expected]
             if bad:
-                raise _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                    [keys[i] for i in bad], f"malformed lz4 block (code {lengths[bad[0]]})", "lz4")
+                _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys,
+                              [(i, f"malformed lz4 block (code {lengths[i]})") for i in bad], "lz4")
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         out = cupy.empty(n * stride, dtype=cupy.uint8)
         try:
             res = _nvcomp_codec(algorithm, stream).decode(
@@ -368,12 +442,26 @@ def decode_batch_gpu(
             stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
             actual = list(res.buffer_sizes)
         except (RuntimeError, ValueError, MemoryError) as e:
-            raise _cpu_diagnose(pipeline, host, offsets, stored_sizes, keys, f"nvCOMP: {e}", codec.name) from e
-        bad = [i for i, a in enumerate(actual) if a != expected]
-        if bad:
-            err = _cpu_diagnose(pipeline, host, [offsets[i] for i in bad], [stored_sizes[i] for i in bad],
-                                [keys[i] for i in bad], f"decoded to {actual[bad[0]]} bytes, expected {expected}", codec.name)
-            raise err
+            if is_out_of_memory(e):  # not the chunks' fault: the reader reports the block size to lower
+                raise
+            _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, [(i, f"nvCOMP: {e}") for i in range(n)], codec.name)
+            warnings.warn(f"{pipeline.array}: nvCOMP failed on a batch the CPU decodes ({e}); decoded on the CPU",
+                          RuntimeWarning, stacklevel=2)
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        # after the decode: each chunk's size, and the checksums nvCOMP does not verify
+        bad = [(i, f"decoded to {a} bytes, expected {expected}") for i, a in enumerate(actual) if a != expected]
+        if not bad and codec.name == "gzip":
+            bad = [(i, "gzip CRC-32 does not match the decoded data")
+                   for i in _crc32_mismatches(out, stride, expected, host, offsets, sizes)]
+        if not bad and codec.name == "zstd":
+            bad = [(i, "zstd content checksum does not match the decoded data")
+                   for i in _xxh64_mismatches(out, stride, expected, host, in_offs, in_sizes)]
+        if not bad and codec.name == "zlib":
+            bad = [(i, "zlib adler32 checksum does not match the decoded data")
+                   for i in _adler32_mismatches(out, stride, expected, host, offsets, sizes)]
+        if bad:  # named when the CPU decoder rejects them too; otherwise the CPU decodes the batch
+            _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, bad, codec.name)
+            return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         base = out
     else:
         bad = [i for i, s in enumerate(sizes) if s != expected]

@@ -19,6 +19,23 @@ def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[lis
     return offsets, total
 
 
+def check_key(array: str, key: str) -> str:
+    """``key`` if it is a relative key that stays inside the array's folder; a :class:`ChunkReadError` otherwise.
+
+    Keys are built from integers and a separator checked in the metadata, so
+    this never fails for a valid array; it is the last guard before a key
+    becomes a path or an object name (no ``..``, ``.`` or empty parts, no
+    absolute paths, backslashes or NUL bytes).
+    """
+    parts = key.split("/")
+    if (not key or key.startswith("/") or "\\" in key or "\x00" in key
+            or any(p in ("", ".", "..") for p in parts)):
+        from ..errors import ChunkReadError
+
+        raise ChunkReadError(array, key, "chunk key would point outside the array's folder; refusing to read it")
+    return key
+
+
 class ChunkStore(ABC):
     """Reads the stored bytes of many chunks of one array at once.
 

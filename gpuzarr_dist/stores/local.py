@@ -7,8 +7,9 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .base import ChunkStore, staging_layout
+from .base import ChunkStore, check_key, staging_layout
 from .ranges import ByteRange, MergedRead
+from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads
 from ..runtime.threads import io_pool
@@ -49,16 +50,39 @@ class LocalChunkStore(ChunkStore):
         self.array = array or self.root
 
     def path(self, key: str) -> str:
-        return os.path.join(self.root, *key.split("/"))
+        return os.path.join(self.root, *check_key(self.array, key).split("/"))
+
+    def _read_file(self, path: str) -> bytes:
+        """The bytes of one chunk file (the one place the CPU path touches a file; tests inject faults here)."""
+        with open(path, "rb", buffering=0) as f:
+            return f.read()
+
+    def _pread(self, fd: int, view: memoryview, n: int) -> int:
+        """Read the first ``n`` bytes of the open file ``fd`` into ``view``; the byte count read."""
+        return os.preadv(fd, [view[:n]], 0)
 
     def _read(self, key: str) -> bytes | None:
-        try:
-            with open(self.path(key), "rb", buffering=0) as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
+        def once() -> bytes | None:
+            try:
+                return self._read_file(self.path(key))
+            except FileNotFoundError:
+                return None
+
+        return with_retries(once, self.array, key)
+
+    def _read_slot(self, key: str, view: memoryview, n: int) -> None:
+        """Read chunk ``key`` (``n`` bytes) into ``view`` with its own file handle, retrying transient errors."""
+
+        def once() -> None:
+            fd = os.open(self.path(key), os.O_RDONLY)
+            try:
+                got = self._pread(fd, view, n)
+            finally:
+                os.close(fd)
+            if got != n:
+                raise ChunkReadError(self.array, key, f"read {got} of {n} bytes (file changed while reading?)")
+
+        with_retries(once, self.array, key)
 
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if len(keys) <= 1:
@@ -80,16 +104,9 @@ class LocalChunkStore(ChunkStore):
         sizes: list[int] = []
         try:
             for key in keys:
-                try:
-                    fd = os.open(self.path(key), os.O_RDONLY)
-                except FileNotFoundError:
-                    fds.append(None)
-                    sizes.append(-1)
-                    continue
-                except OSError as e:
-                    raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
+                fd = with_retries(lambda: self._open_or_none(key), self.array, key)
                 fds.append(fd)
-                sizes.append(os.fstat(fd).st_size)
+                sizes.append(-1 if fd is None else os.fstat(fd).st_size)
             offsets, total = staging_layout(sizes, align, lead)
             buf = staging(total)
             view = memoryview(buf).cast("B")
@@ -99,11 +116,13 @@ class LocalChunkStore(ChunkStore):
                 if fd is None or n == 0:
                     return
                 try:
-                    got = os.preadv(fd, [view[off : off + n]], 0)
+                    got = self._pread(fd, view[off : off + n], n)
                 except OSError as e:
-                    raise ChunkReadError(self.array, keys[i], f"{type(e).__name__}: {e.strerror or e}") from e
-                if got != n:
-                    raise ChunkReadError(self.array, keys[i], f"read {got} of {n} bytes (file changed while reading?)")
+                    if isinstance(e, ChunkReadError):
+                        raise
+                    got = -1
+                if got != n:  # failed or short: again, with a fresh handle and the retry policy
+                    self._read_slot(keys[i], view[off : off + n], n)
 
             if len(keys) > 1:
                 list(io_pool().map(one, range(len(keys))))
@@ -115,42 +134,47 @@ class LocalChunkStore(ChunkStore):
                 if fd is not None:
                     os.close(fd)
 
+    def _open_or_none(self, key: str) -> int | None:
+        try:
+            return os.open(self.path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+
     def _read_into_kvikio(self, kvikio: Any, keys: Sequence[str], staging: Callable[[int], Any], align: int,
                           lead: int) -> tuple[Any, list[int], list[int]]:
-        sizes: list[int] = []
-        for key in keys:
-            try:
-                sizes.append(os.stat(self.path(key)).st_size)
-            except FileNotFoundError:
-                sizes.append(-1)
-            except OSError as e:
-                raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
+        sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
         offsets, total = staging_layout(sizes, align, lead)
         buf = staging(total)
-        files, futures = [], []
+        files, futures, again = [], [], []
         key, waited = (keys[0] if keys else ""), 0
         try:
             for key, n, off in zip(keys, sizes, offsets):
                 if n > 0:
-                    files.append(kvikio.CuFile(self.path(key), "r"))
-                    futures.append((key, n, files[-1].pread(buf[off : off + n], n, 0)))
-            for key, n, fut in futures:
-                got = fut.get()
+                    try:
+                        files.append(kvikio.CuFile(self.path(key), "r"))
+                    except (OSError, RuntimeError):  # read below with the retry policy
+                        again.append((key, n, off))
+                        continue
+                    futures.append((key, n, off, files[-1].pread(buf[off : off + n], n, 0)))
+            for key, n, off, fut in futures:
+                try:
+                    got = fut.get()
+                except (OSError, RuntimeError) as e:
+                    got = describe(e)
                 waited += 1
-                if got != n:
-                    raise ChunkReadError(self.array, key, f"read {got} of {n} bytes (file changed while reading?)")
-        except (OSError, RuntimeError) as e:
-            if isinstance(e, ChunkReadError):
-                raise
-            raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
+                if got != n:  # failed or short: read again below, once every kvikio read has finished
+                    again.append((key, n, off))
         finally:
-            for _, _, fut in futures[waited:]:  # never hand back the buffer while a read still writes to it
+            for _, _, _, fut in futures[waited:]:  # never hand back the buffer while a read still writes to it
                 try:
                     fut.get()
                 except Exception:  # the first failure is already being raised
                     pass
             for f in files:
                 f.close()
+        view = memoryview(buf).cast("B") if again else None
+        for key, n, off in again:
+            self._read_slot(key, view[off : off + n], n)
         return buf, offsets, sizes
 
     # -- byte ranges (shards) ----------------------------------------------------------
@@ -275,6 +299,12 @@ class LocalChunkStore(ChunkStore):
             for f in files.values():
                 f.close()
         return [-1 if sizes[r.key] < 0 else max(0, min(r.length, sizes[r.key] - r.offset)) for r in reads]
+
+    def _size_or_missing(self, key: str) -> int:
+        try:
+            return os.stat(self.path(key)).st_size
+        except FileNotFoundError:
+            return -1
 
     def token(self) -> str:
         return f"file://{self.root}"

@@ -25,6 +25,7 @@ from .zarrstore import ZarrChunkStore
 from ..codecs.registry import known_codecs
 from ..errors import MetadataError, UnsupportedCodecError
 from ..metadata import ArraySpec, spec_from_zarr_metadata
+from ..redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
@@ -53,25 +54,83 @@ def _check_component(component: str | None) -> None:
         raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
 
 
+def _field_hint(where: str) -> str:
+    """``"<document>: field 'x' ...; "`` for the first malformed field of a local metadata file (and its .zattrs)."""
+    import json
+
+    from ..metadata import bad_metadata_field
+
+    base = os.path.basename(where)
+    if base not in _METADATA_FILES or not os.path.isfile(where):
+        return ""
+    folder = os.path.dirname(where)
+    for name in (base, ".zattrs") if base == ".zarray" else (base,):
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            return f"not valid JSON ({e}); " if path == where else f"{path} is not valid JSON ({e}); "
+        why = bad_metadata_field(doc, name)
+        if why:
+            return f"{why}; " if path == where else f"{path}: {why}; "
+    return ""
+
+
+def _raise_if_document_exists(name: str, where: str, error: Exception) -> None:
+    """A metadata file that is there but not recognised (e.g. ``zarr_format`` damaged) is bad metadata, not a missing array."""
+    if os.path.basename(where) in _METADATA_FILES and os.path.isfile(where):
+        raise MetadataError(
+            f"{name}: {where} is not a Zarr array document zarr-python recognises "
+            f"(check its zarr_format and node_type fields): {type(error).__name__}: {error}"
+        ) from error
+
+
 def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] = (FileNotFoundError,)) -> zarr.Array:
     try:
         node = opener()
     except not_found as e:
+        _raise_if_document_exists(name, where, e)
         raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
     except Exception as e:  # zarr-python raises many kinds of error for bad documents
         kind = type(e).__name__
         if "NotFound" in kind:
+            _raise_if_document_exists(name, where, e)
             raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
         if kind == "UnknownCodecError":
+            hint = _field_hint(where)
+            if hint:  # not an unknown codec but a malformed codec object (e.g. without an id)
+                raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {hint}{kind}: {e}") from e
             codec = getattr(e, "codec_id", None) or _quoted(str(e))
             raise UnsupportedCodecError(codec, name, known_codecs()) from e
         if isinstance(e, OSError):
             raise
-        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {kind}: {e}") from e
+        hint = _field_hint(where)
+        raise MetadataError(f"{name}: could not read the Zarr metadata in {where}: {hint}{kind}: {e}") from e
     if isinstance(node, zarr.Group):
+        _raise_if_not_a_group_document(name, where)
         arrays = sorted(k for k, _ in node.arrays())
         raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
     return node
+
+
+def _raise_if_not_a_group_document(name: str, where: str) -> None:
+    """zarr-python opens some damaged array documents (``{}``) as groups: call those bad metadata."""
+    base = os.path.basename(where)
+    if base == ".zarray" and os.path.isfile(where):
+        raise MetadataError(f"{name}: {where} is not a Zarr array document zarr-python recognises")
+    if base == "zarr.json" and os.path.isfile(where):
+        import json
+
+        try:
+            with open(where, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError):
+            doc = None
+        if not isinstance(doc, dict) or doc.get("node_type") != "group":
+            raise MetadataError(f"{name}: {where} is neither a Zarr array nor a group document (field node_type)")
 
 
 def _from_local(path: str, component: str | None, name: str) -> tuple[ChunkStore, zarr.Array]:
@@ -136,9 +195,15 @@ def open_source(
         elif url.scheme in REMOTE_SCHEMES:
             cstore, arr = _from_remote(source, component, storage_options)
         else:
-            name = f"{source.rstrip('/')}/{component}" if component else source
+            shown = redact_url(source)  # names reach messages, reprs and task names: no password or signature
+            name = f"{shown.rstrip('/')}/{component}" if component else shown
+            secrets = url_secrets(source) + option_secrets(storage_options)
+            install_log_filter(secrets)  # fsspec and friends log full URLs at DEBUG level
             opener = lambda: zarr.open(source, path=component or "", mode="r", storage_options=storage_options)  # noqa: E731
-            arr = _open_array(opener, name, name)
+            try:
+                arr = _open_array(opener, name, name)
+            except Exception as e:
+                raise scrub_error(e, secrets)  # noqa: B904 (the same exception, its message scrubbed)
             cstore, arr = _from_zarr_array(arr)
             cstore.array = name
     elif isinstance(source, zarr.Array):

@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from .base import ChunkStore
+from .base import ChunkStore, check_key
 from ..errors import ChunkReadError
 
 
@@ -26,7 +26,9 @@ class ZarrChunkStore(ChunkStore):
 
         async def get(key: str) -> bytes | None:
             try:
-                buf = await self.store.get(self.prefix + key, prototype=proto)
+                buf = await self.store.get(self.prefix + check_key(self.array, key), prototype=proto)
+            except ChunkReadError:
+                raise
             except Exception as e:
                 raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
             return None if buf is None else buf.to_bytes()

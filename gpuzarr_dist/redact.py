@@ -1,0 +1,158 @@
+"""Keeping credentials out of names, messages, reprs and logs.
+
+Array names (used in every error message, repr and dask task name) come from
+the URL a user passed; URLs may carry a password (``https://user:pw@host/``)
+or a signed query (``?X-Amz-Signature=...``, ``?sig=...``), and
+``storage_options`` may carry keys, tokens and ``Authorization`` headers.
+:func:`redact_url` removes the first two from a URL; :func:`scrub` removes
+known secret strings from any text (a message from a library we called).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+MASK = "***"
+#: words in a storage option's or query parameter's name that mark its value as a secret
+SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "auth", "credential", "session", "signature",
+                "sig", "sas", "cookie", "private", "bearer")
+
+
+def _secret_name(name: str) -> bool:
+    low = str(name).lower()
+    return any(w in low for w in SECRET_WORDS)
+
+
+def redact_url(url: str) -> str:
+    """``url`` without a password in its user part and without the values of secret-looking query parameters."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if not parts.scheme or parts.scheme == "file":
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{host}" if ":" in userinfo else f"{MASK}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, MASK if _secret_name(k) else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_secrets(url: str) -> list[str]:
+    """The secret strings :func:`redact_url` removes from ``url`` (to scrub them from other text)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return []
+    out = []
+    if "@" in parts.netloc:
+        userinfo = parts.netloc.rsplit("@", 1)[0]
+        out.append(userinfo.split(":", 1)[1] if ":" in userinfo else userinfo)
+    out += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if _secret_name(k)]
+    return [s for s in out if s]
+
+
+def option_secrets(options: Any, _name: str = "") -> list[str]:
+    """String values in (nested) ``storage_options`` whose key names a secret (key, token, Authorization ...)."""
+    out: list[str] = []
+    if isinstance(options, dict):
+        for k, v in options.items():
+            out += option_secrets(v, str(k))
+    elif isinstance(options, (list, tuple)):
+        for v in options:
+            out += option_secrets(v, _name)
+    elif isinstance(options, (str, bytes)) and _secret_name(_name):
+        text = options.decode(errors="replace") if isinstance(options, bytes) else options
+        out.append(text)
+        if " " in text:  # "Bearer abc": the token alone may be echoed too
+            out.append(text.split(" ", 1)[1])
+    return out
+
+
+def scrub(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every secret (4 characters or longer) replaced by ``***``."""
+    for s in sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True):
+        text = text.replace(s, MASK)
+    return text
+
+
+def scrub_exception(error: BaseException, secrets: Iterable[str]) -> BaseException:
+    """``error`` itself if no secret shows in its message; otherwise drop the chained cause that holds it."""
+    secrets = [s for s in secrets if s and len(s) >= 4]
+    if not secrets:
+        return error
+    chain, e = [], error.__cause__ or error.__context__
+    while e is not None and len(chain) < 10:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    if any(re.search(re.escape(s), str(c) + repr(c.args)) for c in chain for s in secrets):
+        error.__cause__ = None
+        error.__suppress_context__ = True
+    return error
+
+
+def scrub_error(error: BaseException, secrets: Iterable[str]) -> BaseException:
+    """``error`` with the secrets scrubbed from its message (in place) and from its displayed chain."""
+    secrets = [s for s in secrets if s and len(s) >= 4]
+    if not secrets:
+        return error
+    error.args = tuple(scrub(a, secrets) if isinstance(a, str) else a for a in error.args)
+    if isinstance(error, OSError):
+        if isinstance(error.strerror, str):
+            error.strerror = scrub(error.strerror, secrets)
+        if isinstance(error.filename, str):
+            error.filename = scrub(error.filename, secrets)
+    return scrub_exception(error, secrets)
+
+
+# --------------------------------------------------------------------------- logs
+
+_URL_PASSWORD = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/@:\s]*):([^/@\s]+)@")
+_QUERY_SECRET = re.compile(r"([?&][^=&\s#]*(?:" + "|".join(SECRET_WORDS) + r")[^=&\s#]*=)[^&\s#'\"]+", re.IGNORECASE)
+#: loggers of the libraries that read remote stores for us, which log full URLs at DEBUG level
+LIBRARY_LOGGERS = ("fsspec", "fsspec.http", "fsspec.asyn", "fsspec.cached", "s3fs", "gcsfs", "adlfs", "zarr",
+                   "zarr.storage", "aiohttp.client", "botocore", "urllib3.connectionpool", "obstore", "gpuzarr_dist")
+_known: set[str] = set()
+_installed = threading.Lock()
+_filter: "RedactingFilter | None" = None
+
+
+def redact_text(text: str) -> str:
+    """``text`` with URL passwords and secret-looking query values masked, and known secrets scrubbed."""
+    text = _URL_PASSWORD.sub(lambda m: f"{m.group(1)}:{MASK}@", text)
+    text = _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
+    return scrub(text, _known)
+
+
+class RedactingFilter(logging.Filter):
+    """Rewrites log records of the store libraries so that no URL password, signature or known secret is logged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a record that cannot format itself is left to logging's own error handling
+            return True
+        clean = redact_text(msg)
+        if clean != msg:
+            record.msg, record.args = clean, ()
+        return True
+
+
+def install_log_filter(secrets: Iterable[str] = ()) -> None:
+    """Add :class:`RedactingFilter` to the store libraries' loggers (once) and remember ``secrets`` to scrub."""
+    global _filter
+    _known.update(s for s in secrets if s and len(s) >= 4)
+    with _installed:
+        if _filter is None:
+            _filter = RedactingFilter()
+            for name in LIBRARY_LOGGERS:
+                logging.getLogger(name).addFilter(_filter)

@@ -148,7 +148,10 @@ def test_the_package_has_no_unpickling_or_eval_of_stored_data():
             for p in PACKAGE.rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1)
             if pattern.search(line) and not line.lstrip().startswith("#")]
-    assert hits == []
+    # the one exception: the Cubed executor's task payload, cloudpickled by our own client and sent
+    # through distributed (which unpickles every task it runs anyway); never bytes from a store
+    allowed = {"cubed/tasks.py"}
+    assert [h for h in hits if h.split(":")[0] not in allowed] == []
 
 
 # --------------------------------------------------------------------------- credentials

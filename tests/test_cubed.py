@@ -149,6 +149,137 @@ def test_time_mean_and_anomaly_at_10x_allowed_mem(series, tmp_path, monkeypatch)
     assert reads, "intermediates were not read back through gpuzarr-dist's read path"
 
 
+# -- intermediates through our write path ----------------------------------------------------
+
+
+def test_intermediates_written_by_our_encoder_and_read_by_zarr_python(series, tmp_path, monkeypatch):
+    """Every plain intermediate block goes through BlockWriter; the files are Zarr that zarr-python reads back."""
+    import zarr
+
+    from gpuzarr_dist import write
+    from gpuzarr_dist.cubed import storage
+
+    path, ref, allowed = series
+    s = _spec_for(allowed, tmp_path)
+    written: dict[str, dict] = {}
+    original = write.BlockWriter.write
+
+    def spy(self, block, start):
+        written.setdefault(self.spec.name, {})[start] = np.array(block, copy=True)
+        return original(self, block, start)
+
+    monkeypatch.setattr(write.BlockWriter, "write", spy)
+    storage.reset_write_stats()
+    x = gc.from_zarr_gpu(path, spec=s)
+    out = str(tmp_path / "anomaly.zarr")
+    cubed.to_zarr(x - xp.mean(x, axis=0), out)
+    expected = ref - ref.astype("f8").mean(0)
+    np.testing.assert_allclose(reference(out), expected, rtol=1e-5, atol=1e-5)
+    stats = storage.write_stats()
+    assert stats["blocks_encoded"] == sum(len(v) for v in written.values()) > 0
+    assert stats["bytes_stored"] > 0
+    assert stats["zarr_writes"] == 0, stats  # every plain-dtype write was ours (structured ones are not wrapped)
+    # an intermediate (not the output): zarr-python reads exactly what the tasks wrote
+    inter = [n for n in written if "anomaly.zarr" not in n]
+    assert inter, list(written)
+    for name in inter:
+        local = name[len("file://"):] if name.startswith("file://") else name
+        z = zarr.open_array(local, mode="r")
+        assert [c.to_dict()["name"] for c in z.metadata.codecs] == ["bytes", "zstd"]
+        got = z[...]
+        for start, block in written[name].items():
+            sel = tuple(slice(a, a + n) for a, n in zip(start, block.shape))
+            np.testing.assert_array_equal(got[sel], block)
+        covered = sum(b.size for b in written[name].values())
+        assert covered == got.size, (name, covered, got.size)  # every element written by us
+    assert "anomaly.zarr" in " ".join(written)  # cubed's to_zarr target too
+
+
+def _intermediate(tmp_path, compressors, chunks=(4, 5), shape=(10, 12)):
+    import zarr
+
+    from gpuzarr_dist.cubed import storage
+
+    z = zarr.create_array(str(tmp_path / "i.zarr"), shape=shape, chunks=chunks, dtype="f8",
+                          compressors=compressors, fill_value=0)
+    return storage.IntermediateArray(zarr.open_array(str(tmp_path / "i.zarr"), mode="r+"), "cpu"), z
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip+crc32c", "none"])
+def test_intermediate_setitem_encodes_whole_chunk_blocks(tmp_path, codec):
+    import zarr
+
+    from gpuzarr_dist.cubed import storage
+
+    comps = {"zstd": zarr.codecs.ZstdCodec(level=0), "none": None,
+             "gzip+crc32c": [zarr.codecs.GzipCodec(level=5), zarr.codecs.Crc32cCodec()]}[codec]
+    ia, _ = _intermediate(tmp_path, comps)
+    data = make_data("float64", (10, 12), seed=5, specials=False)
+    storage.reset_write_stats()
+    ia[0:8, 0:10] = data[0:8, 0:10]  # 2 x 2 chunks in one batch
+    ia[8:10, 10:12] = data[8:10, 10:12]  # the edge chunk (stored whole, padded)
+    ia[0:8, 10:12] = data[0:8, 10:12]
+    ia[8:10, 0:10] = data[8:10, 0:10]
+    assert storage.write_stats() == {"blocks_encoded": 4, "bytes_stored": storage.write_stats()["bytes_stored"],
+                                     "zarr_writes": 0}
+    assert_same(reference(str(tmp_path / "i.zarr")), data)
+
+
+def test_intermediate_setitem_falls_back_to_zarr(tmp_path):
+    """Blosc (not encoded by us) and partial-chunk selections are written by zarr-python, correctly."""
+    import zarr
+
+    from gpuzarr_dist.cubed import storage
+
+    data = make_data("float64", (10, 12), seed=6, specials=False)
+    ia, _ = _intermediate(tmp_path, zarr.codecs.BloscCodec(cname="lz4"))
+    storage.reset_write_stats()
+    with pytest.warns(RuntimeWarning, match=r"written through zarr-python.*blosc"):
+        ia[0:4, 0:5] = data[0:4, 0:5]
+    ia[4:10, :] = data[4:10, :]
+    ia[0:4, 5:12] = data[0:4, 5:12]
+    assert storage.write_stats()["zarr_writes"] == 3 and storage.write_stats()["blocks_encoded"] == 0
+    assert_same(reference(str(tmp_path / "i.zarr")), data)
+
+    import shutil
+
+    shutil.rmtree(tmp_path / "i.zarr")
+    ia, _ = _intermediate(tmp_path, zarr.codecs.ZstdCodec(level=0))
+    storage.reset_write_stats()
+    ia[0:4, 0:5] = data[0:4, 0:5]  # whole chunk: ours
+    ia[4:6, 0:5] = data[4:6, 0:5]  # part of a chunk: zarr reads, merges, writes
+    ia[1:3, 7:9] = data[1:3, 7:9]  # unaligned start
+    ia[6:8, 0:5] = 1.5  # broadcast value
+    assert storage.write_stats()["blocks_encoded"] == 1 and storage.write_stats()["zarr_writes"] == 3
+    expected = np.zeros((10, 12))
+    expected[0:6, 0:5] = data[0:6, 0:5]
+    expected[1:3, 7:9] = data[1:3, 7:9]
+    expected[6:8, 0:5] = 1.5
+    assert_same(reference(str(tmp_path / "i.zarr")), expected)
+
+
+def test_intermediate_compressor_for_each_cubed_version():
+    """cubed 0.27 takes a numcodecs config, 0.28 a Zarr v3 codec; both mean zstd, which zarr-python accepts."""
+    import zarr
+
+    from gpuzarr_dist.cubed.spec import ZSTD_V3, intermediate_compressor
+
+    assert intermediate_compressor("0.27.0") == {"id": "zstd", "level": 0}
+    assert intermediate_compressor("0.28.0") == ZSTD_V3
+    assert intermediate_compressor("0.28.1.dev3+g1234") == ZSTD_V3
+    assert intermediate_compressor("1.0.0") == ZSTD_V3
+    assert intermediate_compressor("0.9.0") == {"id": "zstd", "level": 0}
+    s = gc.spec("1 MB", device="cpu")
+    assert s.zarr_compressor == intermediate_compressor(cubed.__version__)
+    assert gc.spec("1 MB", device="cpu", zarr_compressor="auto").zarr_compressor == "auto"  # passed through
+    # what cubed 0.28 hands to zarr.create_array(compressors=...): a zstd chain our write path encodes
+    z = zarr.create_array(zarr.storage.MemoryStore(), shape=(4,), chunks=(2,), dtype="f4", compressors=ZSTD_V3)
+    assert [c.to_dict() for c in z.metadata.codecs][1] == {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
+    import numcodecs
+
+    assert numcodecs.get_codec({"id": "zstd", "level": 0}).codec_id == "zstd"  # what cubed 0.27 + zarr 2 would build
+
+
 def test_measured_peak_per_task_within_allowed_mem(tmp_path):
     data = make_data("float32", (64, 100, 160), seed=9, specials=False)  # 4.1 MB
     path = str(tmp_path / "m.zarr")

@@ -112,6 +112,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             res["peak_task_bytes"] = max(peaks) if peaks else None
             res["reserved_mem"] = s.reserved_mem
             res["blocks"] = [list(c[:2]) for c in x.chunks]
+            from gpuzarr_dist.cubed.storage import write_stats
+
+            res["intermediate_writes"] = write_stats()  # blocks encoded by our write path vs by zarr-python
         elif kind == "ours-dask":
             import dask
             import dask.array as da
@@ -256,6 +259,10 @@ def format_result(res: dict) -> str:
         else:
             lines.append(f"host memory: largest growth of the process's peak RSS during one task {format_bytes(p)} "
                          f"(cubed's measure, process-wide, not per task); reserved_mem {format_bytes(oc['reserved_mem'])}")
+    if oc and oc.get("intermediate_writes"):
+        w = oc["intermediate_writes"]
+        lines.append(f"Cubed variant's intermediate and output writes: {w['blocks_encoded']} blocks encoded by "
+                     f"gpuzarr-dist ({format_bytes(w['bytes_stored'])} stored), {w['zarr_writes']} by zarr-python")
     return "\n".join(lines)
 
 

@@ -35,6 +35,28 @@ def nbytes(value: int | str | None, what: str) -> int | None:
     return n
 
 
+#: cubed >= 0.28 hands ``zarr_compressor`` to ``zarr.create_array(compressors=...)``: a Zarr v3 codec
+ZSTD_V3 = {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
+#: cubed 0.27 takes a numcodecs config (its zarr-python 2 and tensorstore stores); its zarr-python 3
+#: store ignores the value and zarr-python 3's default, zstd level 0, applies: the same chain
+ZSTD_NUMCODECS = {"id": "zstd", "level": 0}
+
+
+def intermediate_compressor(cubed_version: str) -> dict:
+    """The ``zarr_compressor`` for cubed's intermediates: zstd (level 0: zstd's default), in the form ``cubed_version`` takes.
+
+    zstd because gpuzarr-dist's write path encodes it on the GPU (nvCOMP) and on
+    the CPU; cubed's own default (``"default"`` in 0.27, ``"auto"`` in 0.28:
+    zarr-python's default) is not something we can rely on across zarr versions.
+    """
+    parts = []
+    for p in cubed_version.split(".")[:2]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    major, minor = (parts + [0, 0])[:2]
+    return dict(ZSTD_V3) if (major, minor) >= (0, 28) else dict(ZSTD_NUMCODECS)
+
+
 def spec(
     allowed_mem: int | str,
     work_dir: str | None = None,
@@ -70,9 +92,14 @@ def spec(
         Default: :class:`~gpuzarr_dist.cubed.ThreadsExecutor` on the device.
     read_block
         Decompressed size of the blocks :func:`from_zarr_gpu` reads; default ``allowed_mem // 8``.
-    intermediate_store, storage_options, zarr_compressor
-        As for ``cubed.Spec``; ``zarr_compressor=None`` keeps cubed's own default
-        (its name differs between cubed 0.27, ``"default"``, and 0.28, ``"auto"``).
+    intermediate_store, storage_options
+        As for ``cubed.Spec``.
+    zarr_compressor
+        The intermediates' compressor, as ``cubed.Spec`` takes it. Default
+        (``None``): zstd (:func:`intermediate_compressor`), which gpuzarr-dist's
+        write path encodes (nvCOMP on the GPU). Any other value is passed to
+        cubed; a chain our write path does not encode (e.g. Blosc) is written by
+        zarr-python, compressed on the host, with a warning.
     """
     dev = choose_device(device)
     use_backend(dev)
@@ -99,7 +126,7 @@ def spec(
         reserved_mem=reserved,
         executor=executor,
         storage_options=storage_options,
-        **({} if zarr_compressor is None else {"zarr_compressor": zarr_compressor}),
+        zarr_compressor=intermediate_compressor(cubed.__version__) if zarr_compressor is None else zarr_compressor,
     )
     # cubed.Spec has no field for these; from_zarr_gpu reads them (plain attributes travel with pickles)
     s.gpuzarr_device = dev

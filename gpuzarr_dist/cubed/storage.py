@@ -8,12 +8,23 @@ proxies of each operation (``BlockwiseSpec.reads_map`` / ``writes_map``);
 
 - reads go through gpuzarr-dist's read path (:class:`gpuzarr_dist.reader.BlockReader`:
   one batched read, one batched decode, nvCOMP on the GPU);
-- writes go through zarr-python today (with zarr's GPU buffers on the GPU,
-  :func:`prepare_process`; zarr then compresses on the host). The batched GPU
-  encode (``to_zarr_gpu``'s write path) plugs in at :meth:`IntermediateArray.__setitem__`.
+- writes go through gpuzarr-dist's write path (:class:`gpuzarr_dist.write.BlockWriter`,
+  as ``to_zarr_gpu``): the task's block (cupy on the GPU, numpy on the CPU) is
+  cut into its Zarr chunks, all of them are encoded in one batch (nvCOMP on the
+  GPU, numcodecs threads on the CPU) and each chunk object is written
+  atomically into the array cubed created. On the GPU the block never goes to
+  the host uncompressed: device -> nvCOMP -> file -> nvCOMP -> device.
 
-Anything that is not a plain Zarr array (cubed's virtual arrays, structured
-dtypes) is left as cubed made it. Nothing here imports cubed or cupy at import.
+Writes fall back to zarr-python (with zarr's GPU buffers on the GPU,
+:func:`prepare_process`; zarr then compresses on the host) for a codec chain
+our encoder does not write (anything but ``bytes`` + zstd/gzip/none, + crc32c:
+e.g. a Blosc ``zarr_compressor``; one warning per array) and for a selection
+that is not whole chunks. :func:`gpuzarr_dist.cubed.spec` asks cubed for zstd
+intermediates so that the fast path is the default. Anything that is not a
+plain Zarr array (cubed's virtual arrays, and the structured-dtype
+intermediates of ``mean`` and friends, which cubed stores as a group of
+arrays) is left to cubed and zarr-python. :func:`write_stats` counts the blocks
+each way in this process. Nothing here imports cubed or cupy at import.
 """
 
 from __future__ import annotations
@@ -29,6 +40,74 @@ _lock = threading.Lock()
 _readers: dict[tuple, Any] = {}
 _prepared: set[tuple[int, str]] = set()
 _warned: set[str] = set()
+_writers: dict[tuple, Any] = {}
+_stats = {"blocks_encoded": 0, "bytes_stored": 0, "zarr_writes": 0}
+
+#: bytes->bytes codecs our write path encodes (CPU and GPU), after the ``bytes`` codec; crc32c may follow
+ENCODED_COMPRESSORS = ("zstd", "gzip")
+
+
+def write_stats() -> dict[str, int]:
+    """Intermediate writes in this process: ``blocks_encoded`` and ``bytes_stored`` by gpuzarr-dist, ``zarr_writes`` by zarr-python."""
+    with _lock:
+        return dict(_stats)
+
+
+def reset_write_stats() -> None:
+    """Zero the counters of :func:`write_stats`."""
+    with _lock:
+        for k in _stats:
+            _stats[k] = 0
+
+
+def _count(**inc: int) -> None:
+    with _lock:
+        for k, v in inc.items():
+            _stats[k] += v
+
+
+def unencodable(spec: Any) -> str | None:
+    """Why our write path does not write this array (a codec or layout), or ``None`` when it does.
+
+    Written by us: Zarr v3, not sharded, ``bytes`` then at most one of
+    :data:`ENCODED_COMPRESSORS`, then crc32c codecs only.
+    """
+    if spec.zarr_format != 3:
+        return f"Zarr format {spec.zarr_format}"
+    if spec.shard_shape is not None:
+        return "sharding_indexed"
+    names = [c.name for c in spec.codecs]
+    if not names or names[0] != "bytes":
+        return f"codec {names[0] if names else None!r} before 'bytes'"
+    rest = names[1:]
+    while rest and rest[-1] == "crc32c":
+        rest.pop()
+    if len(rest) > 1 or (rest and rest[0] not in ENCODED_COMPRESSORS):
+        return f"codecs {rest}"
+    return None
+
+
+def block_start(selection: Any, value: Any, spec: Any) -> tuple[int, ...] | None:
+    """The first element of the whole-chunk block ``selection`` writes with ``value``; ``None`` if it is not one.
+
+    A block is whole chunks along every axis (the last one of an axis may end
+    at the array's edge) and ``value`` has exactly its shape (no broadcasting).
+    """
+    if not isinstance(selection, tuple):
+        selection = (selection,)
+    shape = spec.shape
+    if not shape or len(selection) != len(shape) or not all(isinstance(s, slice) for s in selection):
+        return None
+    start, extent = [], []
+    for s, n, c in zip(selection, shape, spec.chunk_shape):
+        lo, hi, step = s.indices(n)
+        if step != 1 or hi <= lo or lo % c or (hi != n and hi % c):
+            return None
+        start.append(lo)
+        extent.append(hi - lo)
+    if tuple(getattr(value, "shape", ())) != tuple(extent):
+        return None
+    return tuple(start)
 
 
 def prepare_process(device: str) -> None:
@@ -57,7 +136,7 @@ def _warn_once(what: str, message: str) -> None:
 
 
 class IntermediateArray:
-    """A cubed intermediate Zarr array: reads through gpuzarr-dist's batched read path, writes through zarr."""
+    """A cubed intermediate Zarr array: reads and writes through gpuzarr-dist's batched read and write paths."""
 
     def __init__(self, zarray: Any, device: str):
         self._zarray = zarray
@@ -91,8 +170,41 @@ class IntermediateArray:
             return self._zarray[selection]
         return reader[selection]
 
+    def _writer(self) -> Any:
+        """The array's :class:`~gpuzarr_dist.write.BlockWriter` (cached per process), or why there is none (a str)."""
+        z = self._zarray
+        key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, repr(z.metadata.codecs))
+        w = _writers.get(key)
+        if w is None:
+            from ..metadata import spec_from_zarr_metadata
+            from ..write import BlockWriter, _open_target
+
+            try:
+                target = _open_target(z.store, z.path, None)
+                spec = spec_from_zarr_metadata(z.metadata, target.name)
+                w = unencodable(spec) or BlockWriter(spec, target.writer(target.name), tuple((n,) for n in spec.shape),
+                                                     "auto")
+            except Exception as e:  # metadata our write path does not take (e.g. a rectilinear chunk grid)
+                w = f"{type(e).__name__}: {e}"
+            with _lock:
+                if len(_writers) > 256:
+                    _writers.clear()
+                _writers[key] = w
+        return w
+
     def __setitem__(self, selection: Any, value: Any) -> None:
-        # The seam for the GPU write path: encode the block in one nvCOMP batch and write its chunks.
+        """Write one task's block: encoded in one batch and stored chunk by chunk by us, else by zarr-python."""
+        w = self._writer()
+        if isinstance(w, str):
+            _warn_once(f"write:{self._zarray.path}", f"{self._zarray.path}: intermediate written through "
+                       f"zarr-python, compressed on the host (gpuzarr-dist's write path does not write {w})")
+        else:
+            start = block_start(selection, value, w.spec)
+            if start is not None:
+                n = w.write(value, start)
+                _count(blocks_encoded=1, bytes_stored=int(n))
+                return
+        _count(zarr_writes=1)
         self._zarray[selection] = value
 
     def __getattr__(self, name: str) -> Any:  # store, path, metadata, ... as zarr has them

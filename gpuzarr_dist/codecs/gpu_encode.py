@@ -236,6 +236,8 @@ def encode_batch_gpu(
                 res = codec.encode(src, out=nvcomp.as_arrays(dev_out, [i * slot for i in range(n)], [cap] * n))
                 stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
                 sizes = [int(v) for v in res.buffer_sizes]
+                if sizes and all(v == cap for v in sizes):  # the slots' capacities, not what was written: the bound
+                    raise ValueError("encode(out=) reported the slot capacities as sizes")  # is never reached
             except (TypeError, ValueError) as e:  # out= refused (API or capacity): nvCOMP's own buffers from now on
                 _forget_max(algorithm, nbytes)
                 warnings.warn(f"{pipeline.array}: nvCOMP {algorithm} encode(out=) refused ({e}); "

@@ -97,6 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     write.add_argument("--out", metavar="DIR", help="folder for the result tables")
     write.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     write.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
+    write.add_argument("--chunk-mib", metavar="MIB", type=float, action="append",
+                       help="also a to_zarr_gpu row with chunks of about MIB MiB, many per block (repeat for more; "
+                            "default 1 and 0.25)")
+    write.add_argument("--no-stages", action="store_true", help="skip the per-stage timings and thread scaling")
     for name, help_text in (("shards", "sharded vs unsharded reads, and random windows vs zarr-python and tensorstore"),
                             ("remote", "reads from a loopback S3 server vs the raw GET rate of the same client")):
         b = bench_sub.add_parser(name, help=help_text)

@@ -406,19 +406,22 @@ class BlockWriter:
         full_grid = spec.grid_shape
         shard_first = tuple(f // p for f, p in zip(first, per))
         shard_grid = [-(-g // p) for g, p in zip(grid, per)]
+        # each inner chunk's position in ``encoded`` (-1: outside the array or the block, absent in the index and
+        # read as the fill value), for all shards of the block at once: index arithmetic, not a loop per chunk
+        inner = np.indices(per).reshape(len(per), -1) if per else None
         items = []
         for sidx in np.ndindex(*shard_grid):
             scoords = tuple(s + i for s, i in zip(shard_first, sidx))
-            parts: list[Any] = []
-            for inner in np.ndindex(*per):
-                g = tuple(sc * p + i for sc, p, i in zip(scoords, per, inner))
-                local = tuple(gc - f for gc, f in zip(g, first))
-                if any(gc >= n for gc, n in zip(g, full_grid)) or any(lc >= n for lc, n in zip(local, grid)):
-                    parts.append(None)  # outside the array: absent in the index, read as the fill value
-                else:
-                    parts.append(encoded[int(np.ravel_multi_index(local, grid))] if grid else encoded[0])
+            if inner is None:  # 0-d: one chunk in one shard
+                parts = [encoded[0]]
+            else:
+                g = np.asarray(scoords)[:, None] * np.asarray(per)[:, None] + inner
+                local = g - np.asarray(first)[:, None]
+                inside = np.all((g < np.asarray(full_grid)[:, None]) & (local < np.asarray(grid)[:, None]), axis=0)
+                pos = np.where(inside, np.ravel_multi_index(tuple(np.where(inside, local, 0)), grid), -1)
+                parts = [encoded[i] if i >= 0 else None for i in pos.tolist()]
             key = spec.store_key(scoords)
-            items.append((key, self.index.build(parts, key)))
+            items.append((key, self.index.build_parts(parts, key)))
         return self.writer.put_many(items)
 
 

@@ -262,7 +262,11 @@ def test_failed_put_leaves_no_file(tmp_path, monkeypatch):
         real_write(fd, bytes(buf)[: max(1, len(buf) // 2)])
         raise OSError(28, "No space left on device")
 
+    def half_writev(fd, bufs, *offset):
+        half_write(fd, b"".join(bytes(b) for b in bufs))
+
     monkeypatch.setattr(os, "write", half_write)
+    monkeypatch.setattr(os, "writev", half_writev)  # the writer stores objects given as lists of buffers with writev
     with pytest.raises(ChunkWriteError, match=r"out.zarr.*'c/0/0'.*No space left"):
         gz.to_zarr_gpu(da.from_array(data, chunks=4), path)
     monkeypatch.undo()

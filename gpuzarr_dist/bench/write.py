@@ -11,6 +11,7 @@ compression ratio each tool achieved.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import shutil
@@ -107,9 +108,21 @@ def run(args) -> int:
             da.to_zarr(da.from_array(data, chunks=(block_steps, *CHUNK[1:])), a)
         return path
 
+    small = [] if quick else [_small_chunk(block_steps, m) for m in (getattr(args, "chunk_mib", None) or (1.0, 0.25))]
+
+    def ours_small(chunk: tuple[int, ...]) -> Callable[[], str]:
+        def go() -> str:
+            path = target("ours-small.zarr")
+            with dask.config.set(scheduler="threads", num_workers=threads):
+                to_zarr_gpu(x, path, chunks=chunk)
+            return path
+
+        return go
+
     candidates: list[tuple[str, Callable[[], str]]] = [
         (OURS, ours(False)),
         ("gpuzarr-dist, shards=True", ours(True)),
+        *((f"gpuzarr-dist, chunks {c} ({math.prod(c) * 4 / 2**20:.2f} MiB)", ours_small(c)) for c in small),
         ("zarr-python a[:] = data (numcodecs zstd)", zarr_python),
         (f"dask.array.to_zarr, {threads} threads", dask_to_zarr),
     ]
@@ -135,6 +148,8 @@ def run(args) -> int:
     print(f"targets: {ours_row.gbps:.2f} GB/s (target 5); {ours_row.gbps / zp.gbps:.1f}x zarr-python (target 4x); "
           f"compression ratio {ratios[OURS]:.3f} vs CPU zstd {cpu_ratio:.3f} "
           f"({(ratios[OURS] / cpu_ratio - 1) * 100:+.1f}%, target within 5%)")
+    if not getattr(args, "no_stages", False):
+        _stages(x, device, block_steps, small, tmp.name, quick)
     check = _read_back(os.path.join(tmp.name, "ours.zarr"), data)
     print(f"read back by zarr-python: {'identical' if check else 'DIFFERENT'}")
     meta = {"device": device, "threads": threads, "time_steps": steps, "block_steps": block_steps,
@@ -143,6 +158,31 @@ def run(args) -> int:
     print("saved:", ", ".join(written))
     tmp.cleanup()
     return 0 if check else 1
+
+
+def _small_chunk(block_steps: int, mib: float) -> tuple[int, ...]:
+    """A chunk shape of about ``mib`` MiB dividing one time step (so it divides the blocks too)."""
+    from ..write import split_shape
+
+    return (1, *split_shape(CHUNK[1:], 4, max(1, int(mib * 2**20))))
+
+
+def _stages(x, device: str, block_steps: int, small: list[tuple[int, ...]], folder: str, quick: bool) -> None:
+    """Per-stage timings of one block on one thread, then thread scaling, for each layout of the table."""
+    from ..write import plan_layout
+    from .write_stages import stage_times, thread_scaling
+
+    gpu = device == "gpu"
+    block = x.blocks[0].compute(scheduler="sync")
+    _, shard_layout = plan_layout(x, None, True)
+    inner, _ = plan_layout(x, None, True)
+    layouts = [(CHUNK, None), (inner, shard_layout), *((c, None) for c in small)]
+    counts = (1, 2) if quick else (1, 4, 8, 16)
+    for chunk, shard in layouts:
+        print()
+        print("\n".join(stage_times(block, chunk, shard, gpu, folder)))
+        print("\n".join(thread_scaling(block, chunk, shard, gpu, counts, nblocks=max(counts), folder=folder)))
+    _sync(device)
 
 
 def _read_back(path: str, data: np.ndarray) -> bool:

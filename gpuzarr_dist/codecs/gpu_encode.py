@@ -17,6 +17,14 @@ checksummed on the host where that is cheap:
   pinned copy of the chunks, on the decode threads).
 - ``crc32c``: computed on the host over the stored bytes, as the outermost codec.
 
+nvCOMP writes into one CuPy buffer of fixed slots (``encode(..., out=)``, slot
+= the codec's maximum compressed size, asked once per chunk size and cached),
+so no allocations by nvCOMP per chunk and no per-chunk Python on the device;
+one gather kernel packs the compressed chunks at 256-byte aligned offsets and
+one copy brings the packed buffer to pinned host memory. Where nvCOMP does not
+take ``out=`` (or states no bound) the batch falls back to nvCOMP's own output
+buffers, packed chunk by chunk.
+
 Only imported on the GPU path: importing it imports cupy and nvCOMP.
 """
 
@@ -24,12 +32,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import cupy
 import google_crc32c
+import numpy as np
 
 from .pipeline import CodecPipeline
 from ..errors import ChunkEncodeError
@@ -40,6 +51,74 @@ NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
 GZIP_HEADER = bytes([0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 0xFF])  # deflate, no flags, no mtime, unknown OS
 
 _local = threading.local()
+
+#: (algorithm, chunk bytes) -> nvCOMP's maximum compressed size, or None where encode(out=) is not usable
+_max_sizes: dict[tuple[str, int], int | None] = {}
+_max_sizes_lock = threading.Lock()
+
+_GATHER_SRC = r"""
+extern "C" __global__ void gather_chunks(const unsigned long long* src, const long long* dst_off,
+                                         const long long* sizes, unsigned char* dst) {
+    // chunk blockIdx.x, copied by gridDim.y blocks of threads; 16-byte words where both ends allow it
+    const int i = blockIdx.x;
+    const unsigned char* s = (const unsigned char*)src[i];
+    unsigned char* d = dst + dst_off[i];
+    const long long n = sizes[i];
+    const long long first = (long long)blockIdx.y * blockDim.x + threadIdx.x;
+    const long long step = (long long)gridDim.y * blockDim.x;
+    long long done = 0;
+    if ((((unsigned long long)s) & 15) == 0 && (((unsigned long long)d) & 15) == 0) {
+        const long long n16 = n >> 4;
+        const uint4* s4 = (const uint4*)s;
+        uint4* d4 = (uint4*)d;
+        for (long long k = first; k < n16; k += step) d4[k] = s4[k];
+        done = n16 << 4;
+    }
+    for (long long k = done + first; k < n; k += step) d[k] = s[k];
+}
+"""
+
+
+def _max_compressed(codec: Any, algorithm: str, sample: cupy.ndarray) -> int | None:
+    """nvCOMP's bound on the compressed size of a chunk of ``sample.nbytes`` bytes (cached), or None."""
+    key = (algorithm, int(sample.nbytes))
+    if key in _max_sizes:
+        return _max_sizes[key]
+    from nvidia import nvcomp
+
+    try:
+        cap = int(codec.get_max_comp_buffer_size(nvcomp.as_array(sample)))
+        cap = cap if cap >= 1 else None
+    except Exception:  # an nvCOMP without the query: nvCOMP allocates the outputs itself
+        cap = None
+    with _max_sizes_lock:
+        _max_sizes[key] = cap
+    return cap
+
+
+def _forget_max(algorithm: str, nbytes: int) -> None:
+    with _max_sizes_lock:
+        _max_sizes[(algorithm, nbytes)] = None
+
+
+def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream) -> tuple[cupy.ndarray, list[int]]:
+    """Pack device buffers (``src_ptrs``, ``sizes``) into one device buffer at 256-byte aligned offsets: one kernel."""
+    from ..runtime.cuda import align
+    from .gpu import _kernel
+
+    offsets, total = [], 0
+    for s in sizes:
+        offsets.append(total)
+        total += align(max(int(s), 1))
+    n = len(offsets)
+    packed = cupy.empty(max(total, 1), dtype=cupy.uint8)
+    if n:
+        with stream:
+            meta = cupy.asarray(np.concatenate([np.asarray(src_ptrs, dtype=np.uint64).view(np.int64),
+                                                np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)]))
+            split = max(1, min(64, 1024 // n))  # few large chunks: several thread blocks per chunk
+            _kernel("gather_chunks", _GATHER_SRC)((n, split), (256,), (meta[:n], meta[n : 2 * n], meta[2 * n :], packed))
+    return packed, offsets
 
 
 def gpu_encode_unsupported(pipeline: CodecPipeline) -> str | None:
@@ -95,7 +174,8 @@ def _as_bytes_rows(pipeline: CodecPipeline, chunks: cupy.ndarray) -> cupy.ndarra
 
 
 def encode_batch_gpu(
-    pipeline: CodecPipeline, chunks: cupy.ndarray, keys: Sequence[str], stream: cupy.cuda.Stream
+    pipeline: CodecPipeline, chunks: cupy.ndarray, keys: Sequence[str], stream: cupy.cuda.Stream,
+    timings: dict[str, float] | None = None,
 ) -> list[Any]:
     """Encode ``chunks`` (a device array ``(n, *chunk_shape)``) into the stored bytes of each chunk.
 
@@ -103,10 +183,17 @@ def encode_batch_gpu(
     or ``bytes`` where the host added framing). The caller's fused compute ran
     on ``stream``; everything here is ordered after it on the same stream, and
     the stream is synchronised before the host reads the results.
+
+    ``timings`` (for benchmarks): when given, the stream is synchronised after
+    each stage and its seconds are added under ``"encode"`` (nvCOMP, with the
+    sizes read back), ``"pack"`` (gathering the compressed chunks on the
+    device), ``"d2h"`` (the copy to pinned host memory) and ``"host"`` (framing
+    and checksums on the host).
     """
     from ..runtime.cuda import align, pinned_staging
     from ..runtime.threads import decode_pool
 
+    clock = _Clock(timings, stream)
     n = chunks.shape[0]
     raw = _as_bytes_rows(pipeline, chunks)
     nbytes = raw.shape[1]
@@ -121,11 +208,13 @@ def encode_batch_gpu(
         host = pinned_staging(n * nbytes)
         raw.reshape(-1).get(out=host, stream=stream)
         stream.synchronize()
+        clock.lap("d2h")
         out: list[Any] = [host[i * nbytes : (i + 1) * nbytes] for i in range(n)]
     else:
         from nvidia import nvcomp
 
-        codec = _nvcomp_encoder(NVCOMP_ENCODERS[compressor], stream)
+        algorithm = NVCOMP_ENCODERS[compressor]
+        codec = _nvcomp_encoder(algorithm, stream)
         stride = align(max(nbytes, 1))
         if stride != nbytes and n > 1:  # nvCOMP wants aligned sub-buffers: pad the rows
             padded = cupy.empty((n, stride), dtype=cupy.uint8)
@@ -136,26 +225,58 @@ def encode_batch_gpu(
         if compressor == "gzip":  # the gzip trailer needs the CRC-32 of the uncompressed bytes
             plain = pinned_staging(n * nbytes)
             raw.reshape(-1).get(out=plain, stream=stream)
-        try:
-            res = codec.encode(nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n))
-            stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
-            parts = [cupy.asarray(res[i]).view(cupy.uint8).reshape(-1) for i in range(n)]
-            sizes = [int(v) for v in res.buffer_sizes] if hasattr(res, "buffer_sizes") else \
-                [int(res[i].buffer_size) for i in range(n)]
-        except (RuntimeError, ValueError, MemoryError) as e:
-            raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
-                                   f"nvCOMP: {e}", compressor) from e
-        offsets, total = [], 0
-        for s in sizes:
-            offsets.append(total)
-            total += align(max(s, 1))
-        packed = cupy.empty(max(total, 1), dtype=cupy.uint8)
-        for part, off, s in zip(parts, offsets, sizes):
-            packed[off : off + s] = part[:s]
-        host = pinned_staging(max(total, 1))
+        clock.lap("prepare")
+        src = nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n)
+        cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n else None
+        packed = None
+        if cap is not None:  # nvCOMP writes into our slots; one kernel packs them
+            slot = align(cap)
+            dev_out = cupy.empty(n * slot, dtype=cupy.uint8)
+            try:
+                res = codec.encode(src, out=nvcomp.as_arrays(dev_out, [i * slot for i in range(n)], [cap] * n))
+                stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
+                sizes = [int(v) for v in res.buffer_sizes]
+                if sizes and all(v == cap for v in sizes):  # the slots' capacities, not what was written: the bound
+                    raise ValueError("encode(out=) reported the slot capacities as sizes")  # is never reached
+            except (TypeError, ValueError) as e:  # out= refused (API or capacity): nvCOMP's own buffers from now on
+                _forget_max(algorithm, nbytes)
+                warnings.warn(f"{pipeline.array}: nvCOMP {algorithm} encode(out=) refused ({e}); "
+                              "using nvCOMP's own output buffers", RuntimeWarning, stacklevel=2)
+            except (RuntimeError, MemoryError) as e:
+                raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
+                                       f"nvCOMP: {e}", compressor) from e
+            else:
+                if any(s > cap for s in sizes):  # never seen; a wrong bound must not pass silently
+                    raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
+                                           f"nvCOMP stated compressed sizes above its bound {cap}", compressor)
+                clock.lap("encode")
+                packed, offsets = gather(dev_out.data.ptr + slot * np.arange(n, dtype=np.uint64), sizes, stream)
+                clock.lap("pack")
+        if packed is None:
+            try:
+                res = codec.encode(src)
+                stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
+                parts = [cupy.asarray(res[i]).view(cupy.uint8).reshape(-1) for i in range(n)]
+                sizes = [int(v) for v in res.buffer_sizes] if hasattr(res, "buffer_sizes") else \
+                    [int(res[i].buffer_size) for i in range(n)]
+            except (RuntimeError, ValueError, MemoryError) as e:
+                raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
+                                       f"nvCOMP: {e}", compressor) from e
+            clock.lap("encode")
+            offsets, total = [], 0
+            for s in sizes:
+                offsets.append(total)
+                total += align(max(s, 1))
+            packed = cupy.empty(max(total, 1), dtype=cupy.uint8)
+            for part, off, s in zip(parts, offsets, sizes):
+                packed[off : off + s] = part[:s]
+            del parts
+            clock.lap("pack")
+        host = pinned_staging(int(packed.nbytes))
         packed.get(out=host, stream=stream)
         stream.synchronize()
-        del res, parts
+        clock.lap("d2h")
+        del res
         out = [host[o : o + s] for o, s in zip(offsets, sizes)]
         if compressor == "gzip":
             crc32 = list(decode_pool().map(lambda i: zlib.crc32(plain[i * nbytes : (i + 1) * nbytes]), range(n)))
@@ -163,4 +284,21 @@ def encode_batch_gpu(
             out = [b"".join((GZIP_HEADER, o, c.to_bytes(4, "little"), isize)) for o, c in zip(out, crc32)]
     for _ in range(n_crc):
         out = [b"".join((bytes(o), google_crc32c.value(bytes(o)).to_bytes(4, "little"))) for o in out]
+    clock.lap("host")
     return out
+
+
+class _Clock:
+    """Stage timer for :func:`encode_batch_gpu`'s ``timings``: a no-op without them."""
+
+    def __init__(self, timings: dict[str, float] | None, stream: cupy.cuda.Stream):
+        self.timings, self.stream = timings, stream
+        self.t = time.perf_counter() if timings is not None else 0.0
+
+    def lap(self, stage: str) -> None:
+        if self.timings is None:
+            return
+        self.stream.synchronize()
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self.t
+        self.t = now

@@ -12,6 +12,14 @@ or fail, where a missing one reads as the fill value. So:
   ``s3://``, object stores, memory): one ``store.set`` per object, which for
   object stores is a single PUT (an object appears whole or not at all).
 
+An object may be given as one buffer or as a list of buffers stored end to
+end (a shard: its inner chunks and index), which local folders write with
+``os.writev`` without joining them first; an object larger than
+:data:`SPLIT_WRITE_BYTES` that is the only one of its ``put_many`` call is
+written by several I/O threads at once (``os.pwritev`` at disjoint offsets of
+the same temporary file), since one thread copies into the page cache at only
+a few GB/s.
+
 Writers are picklable and hold no open handles: dask ships them to workers.
 """
 
@@ -22,10 +30,65 @@ import os
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import wait
 from typing import Any
 
 from ..errors import ChunkReadError, ChunkWriteError
 from ..runtime.threads import io_pool
+
+#: a lone object larger than this is written by several I/O threads (pieces of about WRITE_PIECE_BYTES)
+SPLIT_WRITE_BYTES = 32 * 2**20
+WRITE_PIECE_BYTES = 16 * 2**20
+_IOV_MAX = 1024  # buffers per writev call (IOV_MAX on Linux and macOS)
+
+
+def as_views(data: Any) -> list[memoryview]:
+    """The object's bytes as flat memoryviews: one for a buffer, one per piece for a list or tuple of buffers."""
+    if isinstance(data, (list, tuple)):
+        return [v for v in (memoryview(d).cast("B") for d in data) if len(v)]
+    return [memoryview(data).cast("B")]
+
+
+def joined(data: Any) -> Any:
+    """One buffer holding the object (a list or tuple of buffers is joined)."""
+    return b"".join(data) if isinstance(data, (list, tuple)) else data
+
+
+def _write_views(fd: int, views: Sequence[memoryview], offset: int | None) -> None:
+    """Write ``views`` end to end at ``offset`` (or the file position when None), resuming short writes."""
+    pending = list(views)
+    while pending:
+        batch = pending[:_IOV_MAX]
+        done = os.writev(fd, batch) if offset is None else os.pwritev(fd, batch, offset)
+        if offset is not None:
+            offset += done
+        k = 0
+        while k < len(batch) and done >= len(batch[k]):
+            done -= len(batch[k])
+            k += 1
+        rest = pending[k:]
+        if done and rest:
+            rest[0] = rest[0][done:]
+        pending = rest
+
+
+def _pieces(views: Sequence[memoryview], size: int) -> list[tuple[int, list[memoryview]]]:
+    """``(offset, views)`` groups of about ``size`` bytes covering ``views`` end to end (no copies)."""
+    out: list[tuple[int, list[memoryview]]] = []
+    pos, start, group, filled = 0, 0, [], 0
+    for v in views:
+        while len(v):
+            take = v[: size - filled]
+            group.append(take)
+            filled += len(take)
+            pos += len(take)
+            v = v[len(take):]
+            if filled >= size:
+                out.append((start, group))
+                start, group, filled = pos, [], 0
+    if group:
+        out.append((start, group))
+    return out
 
 
 class ObjectWriter(ABC):
@@ -54,18 +117,25 @@ class LocalObjectWriter(ObjectWriter):
     def path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
-    def put(self, key: str, data: Any) -> int:
+    def put(self, key: str, data: Any, split: bool = False) -> int:
+        """Write one object (a buffer, or a list of buffers end to end) atomically; ``split``: with several
+        I/O threads when it is large (only from a thread that is not itself an I/O thread)."""
         path = self.path(key)
         folder, name = os.path.split(path)
         tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
-        view = memoryview(data).cast("B")
+        views = as_views(data)
+        total = sum(len(v) for v in views)
         try:
             os.makedirs(folder, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             try:
-                done = 0
-                while done < len(view):
-                    done += os.write(fd, view[done:])
+                if split and total > SPLIT_WRITE_BYTES and hasattr(os, "pwritev"):
+                    futures = [io_pool().submit(_write_views, fd, g, off) for off, g in _pieces(views, WRITE_PIECE_BYTES)]
+                    wait(futures)  # all of them before the descriptor closes, failed or not
+                    for f in futures:
+                        f.result()
+                else:
+                    _write_views(fd, views, None)
                 if self.fsync:
                     os.fsync(fd)
             finally:
@@ -77,11 +147,11 @@ class LocalObjectWriter(ObjectWriter):
             except OSError:
                 pass
             raise ChunkWriteError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
-        return len(view)
+        return total
 
     def put_many(self, items: Sequence[tuple[str, Any]]) -> int:
-        if len(items) <= 1:
-            return sum(self.put(k, d) for k, d in items)
+        if len(items) <= 1:  # e.g. one shard per block: its pieces go out on several I/O threads
+            return sum(self.put(k, d, split=True) for k, d in items)
         return sum(io_pool().map(lambda kd: self.put(*kd), items))
 
     def existing(self, keys: Sequence[str]) -> list[bool]:
@@ -106,7 +176,7 @@ class ZarrStoreWriter(ObjectWriter):
         proto = default_buffer_prototype()
 
         async def put(key: str, data: Any) -> int:
-            view = memoryview(data).cast("B")
+            view = memoryview(joined(data)).cast("B")
             try:
                 await self.store.set(self.prefix + key, proto.buffer.from_bytes(view))
             except Exception as e:

@@ -56,9 +56,9 @@ def stage_timer() -> Callable[[str], None]:
     return mark
 
 
-def format_stages(stages: dict[str, tuple[float, int]], per: int = 1, unit: str = "call") -> str:
-    """A compact table of ``stages``: total seconds, calls, and milliseconds per ``unit`` (``per`` units in all)."""
-    lines = [f"    {'stage':<28} {'total s':>9} {'calls':>7} {'ms/' + unit:>10}"]
+def format_stages(stages: dict[str, tuple[float, int]]) -> str:
+    """A compact table of ``stages``: total seconds (summed over threads), calls, milliseconds per call."""
+    lines = [f"    {'stage':<28} {'total s':>9} {'calls':>7} {'ms/call':>9}"]
     for name, (sec, calls) in stages.items():
-        lines.append(f"    {name:<28} {sec:9.3f} {calls:7d} {1e3 * sec / max(per, 1):10.3f}")
+        lines.append(f"    {name:<28} {sec:9.3f} {calls:7d} {1e3 * sec / max(calls, 1):9.3f}")
     return "\n".join(lines)

@@ -15,7 +15,13 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
 ``gpuzarr.shards.merge-gap`` / ``gpuzarr.shards.max-range``
     Byte ranges of one shard at most ``merge-gap`` apart are read as one range of
     at most ``max-range`` bytes. Default gap: ``None`` = per store (64 KiB for
-    local files, 1 MiB for object stores); default max range 16 MiB.
+    local files, 1 MiB for object stores); default max range 16 MiB. With the gap
+    unset, a shard whose wanted chunks hold at least half the bytes of their span
+    is read as that one span.
+``gpuzarr.shards.local-reads``
+    How merged ranges of local shard files are read: ``preadv`` (default; one
+    system call per merged range, scattered into aligned slots) or ``kvikio``
+    (one kvikio read per inner chunk, the earlier behaviour; for comparisons).
 ``gpuzarr.remote.concurrency`` / ``.retries`` / ``.backoff`` / ``.timeout``
     Object stores: requests in flight per process (64), attempts after the first
     for transient errors (5xx, resets, timeouts; 5), the first backoff in seconds
@@ -39,7 +45,7 @@ DEFAULTS: dict = {
         "block-size": {"cpu": "128 MiB", "gpu": "256 MiB"},
         "io-threads": 16,
         "decode-threads": None,
-        "shards": {"merge-gap": None, "max-range": "16 MiB"},
+        "shards": {"merge-gap": None, "max-range": "16 MiB", "local-reads": "preadv"},
         "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60},
         "io-retries": 3,
         "io-retry-delay": 0.05,

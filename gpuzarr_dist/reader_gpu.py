@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import cupy
 
 from .assemble import Plan
+from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
 
@@ -54,6 +55,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         out.set(host, stream=stream)
         stream.synchronize()
         return out
+    timed = stage_timer()
     keys = [spec.chunk_key(p.coords) for p in plan.parts]
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     present = [i for i, n in enumerate(sizes) if n >= 0]
@@ -69,17 +71,38 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
             [keys[i] for i in present],
             stream,
         )
+        timed("read + H2D + decode")
         if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
             _place_grid(out, chunks, spec.chunk_shape)
+        elif len(present) == len(plan.parts) and _unit_step_grid(plan):
+            _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
         else:
             for j, i in enumerate(present):
                 part = plan.parts[i]
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
+    timed("place")
     return out
 
 
-def _whole_chunk_grid(plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+def _unit_step_grid(plan: Plan) -> bool:
+    """Whether the plan's chunks form a C-ordered grid read with step 1 (a block trimmed at the array's edge)."""
+    return all(s.step in (None, 1) for part in plan.parts for s in part.chunk_sel)
+
+
+def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shape: tuple[int, ...]) -> None:
+    """Place a grid of chunks into ``out`` with two copies (tile into a padded block, cut it) instead of one per chunk.
+
+    A shard at the edge of the array (e.g. 768 x 1536 over 721 x 1440) makes
+    every block a trimmed grid of dozens of inner chunks: one ``out[...] =``
+    per chunk cost a kernel launch and its Python each.
+    """
+    first, last = plan.parts[0], plan.parts[-1]
+    grid = tuple(b - a + 1 for a, b in zip(first.coords, last.coords))
+    padded = cupy.empty(tuple(g * c for g, c in zip(grid, chunk_shape)), dtype=out.dtype)
+    _place_grid(padded, chunks, chunk_shape)
+    out[...] = padded[tuple(slice(s.start, s.start + n) for s, n in zip(first.chunk_sel, out.shape))]
+plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
     """Whether the plan is a full grid of whole chunks tiling the output (the usual aligned block)."""
     return all(
         s.start == 0 and s.stop == c and s.step in (None, 1)

@@ -24,6 +24,7 @@ import numpy as np
 from .reader import BlockReader
 from .runtime.device import resolve_device
 from .runtime.threads import decode_pool
+from .stages import stage_timer
 from .stores.source import open_source
 
 
@@ -58,6 +59,7 @@ class WindowSampler:
     def sample(self, starts: Any) -> Any:
         """The windows whose first corners are ``starts`` (``(n, ndim)`` integers), as an ``(n, *window)`` array."""
         spec, window = self.spec, self.window
+        timed = stage_timer()
         starts = np.asarray(starts, dtype=np.int64).reshape(-1, spec.ndim)
         if starts.size and ((starts < 0).any() or (starts + np.array(window) > np.array(spec.shape)).any()):
             raise IndexError(f"{spec.name}: a window of {window} at some of the starts runs outside the array {spec.shape}")
@@ -69,16 +71,25 @@ class WindowSampler:
         # every (window, grid position) -> chunk coordinates; positions past the array's grid are padding
         offs = np.stack(np.meshgrid(*[np.arange(g) for g in grid], indexing="ij"), axis=-1).reshape(-1, spec.ndim)
         coords = first[:, None, :] + offs[None, :, :]  # (n, G, ndim)
-        inside = (coords < grid_shape).all(axis=-1)
+        last = (starts + np.array(window) - 1) // chunk  # the last chunk each window touches, per axis
+        inside = (coords <= last[:, None, :]).all(axis=-1)  # grid positions a window does not reach read nothing
         unique, inverse = np.unique(coords[inside], axis=0, return_inverse=True)
-        keys = [spec.chunk_key(tuple(int(c) for c in row)) for row in unique]
+        keys = _chunk_keys(spec, unique)
+        timed("windows: plan")
         chunks, present = self._decode(keys)
+        timed("windows: read + decode")
         # index into [decoded chunks..., one fill chunk]: missing or padding chunks read the fill chunk
         slot = np.full(len(unique), len(present), dtype=np.int64)
         slot[np.asarray(present, dtype=np.int64)] = np.arange(len(present))
         idx = np.full(coords.shape[:2], len(present), dtype=np.int64)
         idx[inside] = slot[inverse.reshape(-1)]
-        return _cut_windows(chunks, idx.reshape((n, *grid)), starts - first * chunk, window, spec.fill_value)
+        out = _cut_windows(chunks, idx.reshape((n, *grid)), starts - first * chunk, window, spec.fill_value)
+        if self.device == "gpu":
+            from .runtime.cuda import sync_thread_stream
+
+            sync_thread_stream()  # complete when returned (and the cut's time is its own)
+        timed("windows: cut")
+        return out
 
     def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
         """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""
@@ -156,6 +167,21 @@ def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, 
             else:
                 k = int(idx[(w, *g)])
                 out[(w, *dst)] = chunks[(k, *src)] if k < m else fill
+    return out
+
+
+def _chunk_keys(spec: Any, coords: np.ndarray) -> list[str]:
+    """:meth:`ArraySpec.chunk_key` of each row of ``coords``, with each shard's key built once."""
+    if spec.shard_shape is None:
+        return [spec.chunk_key(tuple(row)) for row in coords.tolist()]
+    per = np.array(spec.chunks_per_shard, dtype=np.int64)
+    shard_keys: dict[tuple[int, ...], str] = {}
+    out = []
+    for s, i in zip(map(tuple, (coords // per).tolist()), (coords % per).tolist()):
+        k = shard_keys.get(s)
+        if k is None:
+            k = shard_keys[s] = spec.store_key(s)
+        out.append(f"{k}[{','.join(map(str, i))}]")
     return out
 
 

@@ -153,15 +153,33 @@ def run(args) -> int:
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}; files in the page cache")
     names = {"inner256k": OURS, "inner1m": "gpuzarr-dist, sharded 1 MiB inner chunks",
              "unsharded": "gpuzarr-dist, unsharded (1, 721, 1440) chunks" if not quick else "gpuzarr-dist, unsharded"}
-    rows = [Row(names[k], "warm", _best(_mean(p, device, threads), repeat), nbytes) for k, p in paths.items()]
+    from .. import stages
+
+    rows, stage_tables = [], []
+    for k, p in paths.items():
+        stages.enable()
+        stages.reset()
+        rows.append(Row(names[k], "warm", _best(_mean(p, device, threads), repeat), nbytes))
+        stage_tables.append((names[k], stages.snapshot()))
+        stages.enable(False)
     print("(a) time mean, sharded against unsharded")
     print(format_table(rows, OURS))
+    for name, st in stage_tables:
+        print(f"  stages of {name} ({repeat + 1} runs; a call is one block; seconds summed over threads):")
+        print(stages.format_stages(st))
     un = next(r for r in rows if r.name == names["unsharded"])
     for r in rows:
         if r is not un:
             print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
     print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {n_windows} windows")
+    stages.enable()
+    stages.reset()
     rates = window_rates(paths["inner256k"], device, window, n_windows, batch)
+    st = {k: v for k, v in stages.snapshot().items()}
+    stages.enable(False)
+    print(f"  stages of our window calls ({batch} windows per call; the sharded store's stages are inside 'read + decode'):")
+    print(stages.format_stages(st))
+    print(f"  fairness: tensorstore gets {batch} reads in flight per batch, as many windows as one of our calls")
     ours = rates[0][1]
     for name, rate, note in rates:
         print(f"    {name:<48} {rate:10.1f} windows/s   ours/this {ours / rate:6.2f}   {note}")

@@ -7,6 +7,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dask.config
+
 from .base import ChunkStore, check_key, staging_layout
 from .ranges import ByteRange, MergedRead
 from .retry import describe, with_retries
@@ -223,10 +225,13 @@ class LocalChunkStore(ChunkStore):
     def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any) -> list[int]:
         """Scatter each merged range straight into ``buf`` with one ``preadv`` (gap bytes go to a scratch buffer).
 
-        With kvikio installed, each piece is one kvikio read instead (its C++
-        threads read small ranges without Python threads; the gaps are not read).
+        One system call per merged read whether or not kvikio is installed: a
+        sharded block is then one ``preadv`` per shard instead of one kvikio
+        future (and its Python bookkeeping) per inner chunk, and the chunks still
+        land at aligned slots. ``gpuzarr.shards.local-reads: kvikio`` restores
+        one kvikio read per piece (to compare on a GPU machine).
         """
-        kvikio = _kvikio()
+        kvikio = _kvikio() if dask.config.get("gpuzarr.shards.local-reads", "preadv") == "kvikio" else None
         if kvikio is not None:
             return self._ranges_kvikio(kvikio, reads, buf)
         fds = self._open_all([r.key for r in reads])

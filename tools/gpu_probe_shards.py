@@ -1,0 +1,122 @@
+"""GPU probe of the sharded read paths: store-level block reads (old per-chunk kvikio vs one preadv per shard),
+whole-block GPU reads, the time mean sharded vs unsharded, and WindowSampler calls of 64 and 256 windows,
+each with its stage times. A plain script: prints a compact table; exits nonzero if a value is wrong.
+
+    python tools/gpu_probe_shards.py [--path DIR] [--steps 192]
+
+The data (float32 (steps, 721, 1440), zstd level 0; unsharded, 256 KiB and 1 MiB inner chunks) is written
+once under --path (default /tmp/gpuzarr-probe-shards) and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def best(fn, repeat=5):
+    fn()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--path", default="/tmp/gpuzarr-probe-shards")
+    ap.add_argument("--steps", type=int, default=192)
+    ap.add_argument("--threads", type=int, default=16)
+    args = ap.parse_args()
+
+    import dask
+    import zarr
+
+    from gpuzarr_dist import stages
+    from gpuzarr_dist.assemble import plan_selection
+    from gpuzarr_dist.bench.shards import write_variants
+    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+    from gpuzarr_dist.stores.source import open_source
+    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.graph import from_zarr_gpu
+
+    t0 = time.perf_counter()
+    paths = write_variants(args.path, args.steps, 721, 1440, shard_t=4)
+    print(f"data ready in {time.perf_counter() - t0:.1f} s: {args.path}")
+    failures = 0
+    print(f"{'what':<58} {'ms':>9} {'GB/s':>7}")
+
+    def row(what, sec, nbytes=None):
+        rate = f"{nbytes / sec / 1e9:7.2f}" if nbytes else ""
+        print(f"{what:<58} {1e3 * sec:9.3f} {rate:>7}", flush=True)
+
+    # 1. store level: one block (4 steps) of the 256 KiB array
+    for name in ("inner256k", "inner1m", "unsharded"):
+        store, spec = open_source(paths[name], None, None)
+        sel = (slice(4, 8), slice(None), slice(None))
+        keys = [spec.chunk_key(p.coords) for p in plan_selection(spec, sel).parts]
+        variants = [("new (preadv per shard span)", {})]
+        if name != "unsharded":
+            variants.append(("old (kvikio read per inner chunk)", {"gpuzarr.shards.local-reads": "kvikio",
+                                                                   "gpuzarr.shards.merge-gap": "64 KiB"}))
+        for label, cfg in variants:
+            with dask.config.set(cfg):
+                buf = store.read_into(keys, pinned_staging, ALIGN)[0]
+                row(f"read_into {name}, {len(keys)} keys, {label}", best(lambda: store.read_into(keys, pinned_staging, ALIGN)),
+                    len(keys) and int(np.prod(buf.shape)))
+        reader = BlockReader(store, spec, "gpu")
+        ref = zarr.open_array(paths[name], mode="r")[sel]
+        got = reader[sel].get()
+        if not np.array_equal(got, ref):
+            print(f"FAIL: {name} block differs from zarr-python")
+            failures += 1
+        stages.enable()
+        stages.reset()
+        row(f"BlockReader[4:8] {name} on the GPU", best(lambda: reader[sel]), ref.nbytes)
+        print(stages.format_stages(stages.snapshot()))
+        stages.enable(False)
+
+    # 2. the time mean through dask, as the bench runs it
+    nbytes = args.steps * 721 * 1440 * 4
+    for name in ("unsharded", "inner256k", "inner1m"):
+        x = from_zarr_gpu(paths[name], device="gpu")
+
+        def mean():
+            with dask.config.set(scheduler="threads", num_workers=args.threads):
+                float(x.mean(axis=0).compute()[0, 0])
+
+        row(f"time mean {name}, {args.threads} threads", best(mean, 3), nbytes)
+
+    # 3. window calls
+    ref = zarr.open_array(paths["inner256k"], mode="r")
+    sampler = WindowSampler(paths["inner256k"], (4, 128, 128), device="gpu")
+    for batch in (64, 256):
+        starts = [sampler.random_starts(batch, rng=i) for i in range(20)]
+        check = sampler.sample(starts[0]).get()
+        for s, w in zip(starts[0][:8], check[:8]):
+            if not np.array_equal(w, ref[tuple(slice(int(a), int(a) + n) for a, n in zip(s, (4, 128, 128)))]):
+                print(f"FAIL: window at {s} differs from zarr-python")
+                failures += 1
+                break
+        stages.enable()
+        stages.reset()
+        it = iter(range(10**9))
+        sec = best(lambda: sampler.sample(starts[next(it) % 20]), 10)
+        row(f"WindowSampler.sample, {batch} windows per call ({batch / sec:.0f} windows/s)", sec)
+        print(stages.format_stages(stages.snapshot()))
+        stages.enable(False)
+    print("FAILED" if failures else "ok")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -74,7 +74,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         timed("read + H2D + decode")
         if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
             _place_grid(out, chunks, spec.chunk_shape)
-        elif len(present) == len(plan.parts) and _unit_step_grid(plan):
+        elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and _unit_step_grid(plan):
             _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
         else:
             for j, i in enumerate(present):
@@ -87,7 +87,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
 
 def _unit_step_grid(plan: Plan) -> bool:
     """Whether the plan's chunks form a C-ordered grid read with step 1 (a block trimmed at the array's edge)."""
-    return all(s.step in (None, 1) for part in plan.parts for s in part.chunk_sel)
+    return all(isinstance(s, slice) and s.step in (None, 1) for part in plan.parts for s in part.chunk_sel)
 
 
 def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shape: tuple[int, ...]) -> None:
@@ -102,7 +102,9 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     padded = cupy.empty(tuple(g * c for g, c in zip(grid, chunk_shape)), dtype=out.dtype)
     _place_grid(padded, chunks, chunk_shape)
     out[...] = padded[tuple(slice(s.start, s.start + n) for s, n in zip(first.chunk_sel, out.shape))]
-plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+
+
+def _whole_chunk_grid(plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
     """Whether the plan is a full grid of whole chunks tiling the output (the usual aligned block)."""
     return all(
         s.start == 0 and s.stop == c and s.step in (None, 1)

@@ -67,7 +67,6 @@ class WindowSampler:
         chunk = np.array(spec.chunk_shape)
         first = starts // chunk
         grid = tuple(int(g) for g in ((np.array(window) + chunk - 2) // chunk + 1))  # most chunks a window touches, per axis
-        grid_shape = np.array(spec.grid_shape)
         # every (window, grid position) -> chunk coordinates; positions past the array's grid are padding
         offs = np.stack(np.meshgrid(*[np.arange(g) for g in grid], indexing="ij"), axis=-1).reshape(-1, spec.ndim)
         coords = first[:, None, :] + offs[None, :, :]  # (n, G, ndim)

@@ -31,7 +31,7 @@ from typing import Any
 import dask.config
 import numpy as np
 
-from .base import ChunkStore, staging_layout
+from .base import ChunkStore
 from .ranges import ByteRange, MergedRead, Piece, coalesce, max_range, merge_gap
 from ..stages import stage_timer as _stage_timer
 from ..codecs.sharding import ShardIndex

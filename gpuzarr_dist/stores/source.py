@@ -193,7 +193,12 @@ def open_source(
             path = os.path.abspath(os.path.expanduser(path))
             cstore, arr = _from_local(path, component, _join(path, component) if component else path)
         elif url.scheme in REMOTE_SCHEMES:
-            cstore, arr = _from_remote(source, component, storage_options)
+            secrets = url_secrets(source) + option_secrets(storage_options)
+            install_log_filter(secrets)
+            try:
+                cstore, arr = _from_remote(source, component, storage_options)
+            except Exception as e:  # the client's messages and their causes may quote the URL it was given
+                raise scrub_error(e, secrets)  # noqa: B904 (the same exception, its message scrubbed)
         else:
             shown = redact_url(source)  # names reach messages, reprs and task names: no password or signature
             name = f"{shown.rstrip('/')}/{component}" if component else shown

@@ -242,8 +242,8 @@ def run_child(args: argparse.Namespace) -> int:
         judge(c)
         if gpu:  # a fault inside nvCOMP can leave a sticky error that a caught exception hides: look now
             try:
-                cupy.cuda.runtime.deviceSynchronize()
-                cupy.cuda.runtime.getLastError()
+                cupy.cuda.runtime.deviceSynchronize()  # a sticky error surfaces here, or in the next launch:
+                int(cupy.arange(4).sum())
             except Exception as e:  # noqa: BLE001
                 record(c["case"], "crash: CUDA context lost", f"{type(e).__name__}: {e}"[:300])
                 out.close()

@@ -137,6 +137,10 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
     bounds it by the slot).
     """
     for o, n, key in zip(offsets, sizes, keys):
+        if codec in ("gzip", "zlib"):
+            bad = _bad_deflate_header(codec, host, o, n)  # nvCOMP skips the header: zlib itself would refuse these
+            if bad:
+                raise ChunkDecodeError(array, key, bad, codec)
         if codec == "gzip":
             stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
             if stated != expected % (1 << 32):
@@ -147,6 +151,28 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
                 raise ChunkDecodeError(array, key, f"lz4 prefix states {stated} decoded bytes, expected {expected}", codec)
 
 
+
+
+def _bad_deflate_header(codec: str, host: np.ndarray, o: int, n: int) -> str | None:
+    """Why the gzip (RFC 1952) or zlib (RFC 1950) header at ``host[o:]`` is invalid, or None."""
+    if codec == "gzip":
+        if n < 18 or host[o] != 0x1F or host[o + 1] != 0x8B:
+            return "not a gzip member (bad magic bytes or shorter than a gzip header and trailer)"
+        if host[o + 2] != 8:
+            return f"gzip compression method {int(host[o + 2])}, not deflate (8)"
+        if host[o + 3] & 0xE0:
+            return "gzip header has reserved flag bits set"
+        return None
+    if n < 6:
+        return "zlib stream shorter than its header and checksum"
+    cmf, flg = int(host[o]), int(host[o + 1])
+    if cmf & 0x0F != 8 or cmf >> 4 > 7:
+        return f"zlib header: compression method {cmf & 0x0F} / window {cmf >> 4}, not deflate with at most 32 KiB"
+    if (cmf * 256 + flg) % 31:
+        return "zlib header check bits are wrong (FCHECK)"
+    if flg & 0x20:
+        return "zlib stream needs a preset dictionary"
+    return None
 
 
 _kernels: dict[str, cupy.RawKernel] = {}

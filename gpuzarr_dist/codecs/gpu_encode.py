@@ -33,7 +33,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import warnings
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -78,6 +77,14 @@ extern "C" __global__ void gather_chunks(const unsigned long long* src, const lo
 }
 """
 
+
+#: set once nvCOMP refuses encode(out=) (it does in nvCOMP 6.0: sizes come back as the capacities)
+_out_refused = False
+
+
+def _refuse_out() -> None:
+    global _out_refused
+    _out_refused = True
 
 def _max_compressed(codec: Any, algorithm: str, sample: cupy.ndarray) -> int | None:
     """nvCOMP's bound on the compressed size of a chunk of ``sample.nbytes`` bytes (cached), or None."""
@@ -227,7 +234,7 @@ def encode_batch_gpu(
             raw.reshape(-1).get(out=plain, stream=stream)
         clock.lap("prepare")
         src = nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n)
-        cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n else None
+        cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n and not _out_refused else None
         packed = None
         if cap is not None:  # nvCOMP writes into our slots; one kernel packs them
             slot = align(cap)
@@ -238,10 +245,10 @@ def encode_batch_gpu(
                 sizes = [int(v) for v in res.buffer_sizes]
                 if sizes and all(v == cap for v in sizes):  # the slots' capacities, not what was written: the bound
                     raise ValueError("encode(out=) reported the slot capacities as sizes")  # is never reached
-            except (TypeError, ValueError) as e:  # out= refused (API or capacity): nvCOMP's own buffers from now on
+            except (TypeError, ValueError):  # out= refused: nvCOMP's own buffers, for this process
+                # nvCOMP 6.0 on the H200 reported the slot capacities as the sizes: out= is not usable there
+                _refuse_out()
                 _forget_max(algorithm, nbytes)
-                warnings.warn(f"{pipeline.array}: nvCOMP {algorithm} encode(out=) refused ({e}); "
-                              "using nvCOMP's own output buffers", RuntimeWarning, stacklevel=2)
             except (RuntimeError, MemoryError) as e:
                 raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
                                        f"nvCOMP: {e}", compressor) from e

@@ -321,7 +321,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=12000)
     p.add_argument("--time", type=float, default=270.0, help="seconds; no new group starts after this")
-    p.add_argument("--group", type=int, default=1500, help="cases per child process")
+    p.add_argument("--group", type=int, default=300, help="cases per child process")
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
@@ -350,7 +350,7 @@ def main() -> int:
         end = min(len(cases), start + args.group)
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--cases-file", cases_file, "--results", results,
                "--start", str(start), "--end", str(end), "--device", args.device]
-        left = max(30.0, args.time + 60 - (time.time() - t0))
+        left = min(120.0, max(30.0, args.time + 60 - (time.time() - t0)))  # a hung child is a crash too
         try:
             rc = subprocess.run(cmd, timeout=left).returncode
         except subprocess.TimeoutExpired:

@@ -40,6 +40,9 @@ NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
 
 _local = threading.local()
 
+#: bytes kept free before and after nvCOMP's output slots (deflate reaches back at most 32 KiB)
+OUTPUT_GUARD = 1 << 16
+
 
 def gpu_unsupported(pipeline: CodecPipeline) -> str | None:
     """The name of the first codec in the chain the GPU path cannot decode, or ``None``.
@@ -459,7 +462,11 @@ def decode_batch_gpu(
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys,
                               [(i, f"malformed lz4 block (code {lengths[i]})") for i in bad], "lz4")
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
-        out = cupy.empty(n * stride, dtype=cupy.uint8)
+        # guard bytes around the output slots: nvCOMP trusts the streams, and a damaged back-reference
+        # (deflate distance or zstd offset reaching before the output) then reads our own memory instead of
+        # faulting the context; whatever it produced fails the size and checksum checks below
+        guarded = cupy.empty(n * stride + 2 * OUTPUT_GUARD, dtype=cupy.uint8)
+        out = guarded[OUTPUT_GUARD : OUTPUT_GUARD + n * stride]
         try:
             res = _nvcomp_codec(algorithm, stream).decode(
                 nvcomp.as_arrays(dev, in_offs, in_sizes),

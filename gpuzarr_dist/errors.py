@@ -30,8 +30,10 @@ class UnsupportedCodecError(MetadataError, NotImplementedError):
         super().__init__(f"{array}: {reason or 'unknown codec'} {codec!r}.{hint}")
 
 
-class ChunkDecodeError(GpuZarrError, ValueError):
-    """A stored chunk that failed to decode (corrupt, truncated, wrong size, bad checksum)."""
+class _ChunkCodecError(GpuZarrError, ValueError):
+    """A chunk that a codec chain failed on; names the array, the chunk key and the codec."""
+
+    verb = "process"
 
     def __init__(self, array: str, key: str, reason: str, codec: str | None = None):
         self.array = array
@@ -39,7 +41,13 @@ class ChunkDecodeError(GpuZarrError, ValueError):
         self.codec = codec
         self.reason = reason
         where = f" with codec {codec!r}" if codec else ""
-        super().__init__(f"{array}: chunk {key!r} failed to decode{where}: {reason}")
+        super().__init__(f"{array}: chunk {key!r} failed to {self.verb}{where}: {reason}")
+
+
+class ChunkDecodeError(_ChunkCodecError):
+    """A stored chunk that failed to decode (corrupt, truncated, wrong size, bad checksum)."""
+
+    verb = "decode"
 
 
 class DeviceUnavailableError(GpuZarrError, RuntimeError):
@@ -56,16 +64,10 @@ class ChunkReadError(GpuZarrError, OSError):
         super().__init__(f"{array}: reading chunk {key!r} failed: {reason}")
 
 
-class ChunkEncodeError(GpuZarrError, ValueError):
+class ChunkEncodeError(_ChunkCodecError):
     """A chunk that failed to encode while writing (names the array, the chunk key and the codec)."""
 
-    def __init__(self, array: str, key: str, reason: str, codec: str | None = None):
-        self.array = array
-        self.key = key
-        self.codec = codec
-        self.reason = reason
-        where = f" with codec {codec!r}" if codec else ""
-        super().__init__(f"{array}: chunk {key!r} failed to encode{where}: {reason}")
+    verb = "encode"
 
 
 class ArrayExistsError(GpuZarrError, FileExistsError):
@@ -79,6 +81,8 @@ class ChunkWriteError(GpuZarrError, OSError):
         self.array = array
         self.key = key
         super().__init__(f"{array}: writing {key!r} failed: {reason}")
+
+
 class GpuOutOfMemoryError(GpuZarrError, MemoryError):
     """The GPU ran out of memory while reading a block; the message says the block size and how to lower it."""
 

@@ -191,7 +191,7 @@ def _open_target(target: Any, component: str | None, storage_options: dict | Non
         if url.scheme in ("", "file"):
             root = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else target))
             store = zarr.storage.LocalStore(root)
-            return _Target(store, _join(component), _join(root, component) if component else root, root)
+            return _Target(store, _join(component), os.path.join(root, _join(component)) if component else root, root)
         store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
         shown = f"{url.scheme}://{url.hostname or ''}{url.path}"  # no credentials from the URL
         return _Target(store, _join(component), f"{shown.rstrip('/')}/{component}" if component else shown, None)

@@ -10,8 +10,6 @@ into pinned memory and copied up once per block, with one warning per codec.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from typing import TYPE_CHECKING
 
 import cupy
@@ -20,25 +18,17 @@ from .assemble import Plan
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
+from .runtime.once import warn_once
 
 if TYPE_CHECKING:
     from .reader import BlockReader
 
 _warned: set[str] = set()
-_warned_lock = threading.Lock()
 
 
 def _warn_cpu_fallback(codec: str, array: str) -> None:
-    with _warned_lock:
-        if codec in _warned:
-            return
-        _warned.add(codec)
-    warnings.warn(
-        f"{array}: codec {codec!r} has no GPU decoder; its chunks are decoded on the CPU and "
-        "copied to the GPU once per block (warned once per codec)",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+    warn_once(_warned, codec, f"{array}: codec {codec!r} has no GPU decoder; its chunks are decoded on the CPU and "
+              "copied to the GPU once per block (warned once per codec)", stacklevel=4)
 
 
 def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:

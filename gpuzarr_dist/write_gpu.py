@@ -11,8 +11,6 @@ warning per codec.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import cupy
@@ -20,25 +18,17 @@ import cupy
 from .codecs.gpu_encode import encode_batch_gpu, gpu_encode_unsupported
 from .errors import ChunkEncodeError
 from .runtime.cuda import thread_stream
+from .runtime.once import warn_once
 
 if TYPE_CHECKING:
     from .write import BlockWriter
 
 _warned: set[str] = set()
-_warned_lock = threading.Lock()
 
 
 def _warn_cpu_fallback(codec: str, array: str) -> None:
-    with _warned_lock:
-        if codec in _warned:
-            return
-        _warned.add(codec)
-    warnings.warn(
-        f"{array}: codec {codec} cannot be encoded on the GPU; blocks are copied to the host and encoded on "
-        "the CPU (warned once per codec)",
-        RuntimeWarning,
-        stacklevel=4,
-    )
+    warn_once(_warned, codec, f"{array}: codec {codec} cannot be encoded on the GPU; blocks are copied to the host "
+              "and encoded on the CPU (warned once per codec)", stacklevel=4)
 
 
 def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:

@@ -90,28 +90,10 @@ def _strip_outer_crc(bytes_bytes: Sequence[Any]) -> list[Any]:
 
 
 def _nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> Any:
-    """This thread's nvCOMP codec for ``algorithm``, bound to this thread's stream.
+    """This thread's nvCOMP codec for ``algorithm`` on ``stream`` (see :func:`..runtime.cuda.thread_nvcomp_codec`)."""
+    from ..runtime.cuda import thread_nvcomp_codec
 
-    Created in the thread that uses it (measured: a codec created in another
-    thread ran 5x slower). The stream outlives it: streams are kept for the
-    life of the process (:mod:`gpuzarr_dist.runtime.cuda`); a stream destroyed
-    before its codec is what crashed the process in the shared notes.
-    """
-    from nvidia import nvcomp
-
-    codecs = getattr(_local, "codecs", None)
-    if codecs is None:
-        codecs = _local.codecs = {}
-    key = (algorithm, stream.ptr)
-    codec = codecs.get(key)
-    if codec is None:
-        codec = codecs[key] = nvcomp.Codec(
-            algorithm=algorithm,
-            bitstream_kind=nvcomp.BitstreamKind.RAW,
-            device_id=cupy.cuda.Device().id,
-            cuda_stream=stream.ptr,
-        )
-    return codec
+    return thread_nvcomp_codec(algorithm, stream)
 
 
 def _cpu_diagnose(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],

@@ -27,8 +27,6 @@ Only imported on the GPU path: importing it imports cupy.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from collections.abc import Sequence
 
 import cupy
@@ -39,25 +37,18 @@ from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
 from .gpu import _cpu_diagnose, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
+from ..runtime.once import warn_once
 
 #: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
 MAX_STREAM = 1 << 24
 
 _warned: set[str] = set()
-_warned_lock = threading.Lock()
 
 
 def _warn_cpu(array: str, compressor: str) -> None:
-    with _warned_lock:
-        if compressor in _warned:
-            return
-        _warned.add(compressor)
-    warnings.warn(
-        f"{array}: blosc frames compressed with {compressor!r} have no GPU decoder; such chunks are "
-        "decoded on the CPU and copied to the GPU once per block (warned once per compressor)",
-        RuntimeWarning,
-        stacklevel=5,
-    )
+    warn_once(_warned, compressor, f"{array}: blosc frames compressed with {compressor!r} have no GPU decoder; such "
+              "chunks are decoded on the CPU and copied to the GPU once per block (warned once per compressor)",
+              stacklevel=5)
 
 
 def _grid(n: int) -> tuple[int]:

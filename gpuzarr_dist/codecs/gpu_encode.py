@@ -43,13 +43,13 @@ import numpy as np
 
 from .pipeline import CodecPipeline
 from ..errors import ChunkEncodeError
+from ..runtime.cuda import thread_nvcomp_codec
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
 
 GZIP_HEADER = bytes([0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 0xFF])  # deflate, no flags, no mtime, unknown OS
 
-_local = threading.local()
 
 #: (algorithm, chunk bytes) -> nvCOMP's maximum compressed size, or None where encode(out=) is not usable
 _max_sizes: dict[tuple[str, int], int | None] = {}
@@ -148,25 +148,6 @@ def gpu_encode_unsupported(pipeline: CodecPipeline) -> str | None:
     return None
 
 
-def _nvcomp_encoder(algorithm: str, stream: cupy.cuda.Stream) -> Any:
-    """This thread's nvCOMP codec for ``algorithm`` on its stream (created in the using thread, as for decoding)."""
-    from nvidia import nvcomp
-
-    codecs = getattr(_local, "codecs", None)
-    if codecs is None:
-        codecs = _local.codecs = {}
-    key = (algorithm, stream.ptr)
-    codec = codecs.get(key)
-    if codec is None:
-        codec = codecs[key] = nvcomp.Codec(
-            algorithm=algorithm,
-            bitstream_kind=nvcomp.BitstreamKind.RAW,
-            device_id=cupy.cuda.Device().id,
-            cuda_stream=stream.ptr,
-        )
-    return codec
-
-
 def _as_bytes_rows(pipeline: CodecPipeline, chunks: cupy.ndarray) -> cupy.ndarray:
     """``(n, nbytes)`` uint8 rows of each chunk's bytes as the ``bytes`` codec stores them."""
     n = chunks.shape[0]
@@ -221,7 +202,7 @@ def encode_batch_gpu(
         from nvidia import nvcomp
 
         algorithm = NVCOMP_ENCODERS[compressor]
-        codec = _nvcomp_encoder(algorithm, stream)
+        codec = thread_nvcomp_codec(algorithm, stream)
         stride = align(max(nbytes, 1))
         if stride != nbytes and n > 1:  # nvCOMP wants aligned sub-buffers: pad the rows
             padded = cupy.empty((n, stride), dtype=cupy.uint8)

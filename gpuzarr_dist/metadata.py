@@ -83,6 +83,39 @@ class ArraySpec:
             return f"{self.store_key(tuple(c // p for c, p in zip(coords, per)))}[{inner}]"
         return self.store_key(coords)
 
+    def chunk_keys(self, coords: Any) -> list[str]:
+        """:meth:`chunk_key` of each row of ``coords`` (``(n, ndim)`` integers), vectorised.
+
+        A sharded block or a batch of windows names a thousand or more inner
+        chunks of a few shards: each shard's key and each distinct in-shard
+        position is formatted once, then joined per chunk (about 10x faster
+        than :meth:`chunk_key` per row).
+        """
+        if not self.ndim:  # a 0-d array has one chunk
+            return [self.chunk_key(())] * len(coords)
+        coords = np.asarray(coords, dtype=np.int64).reshape(-1, self.ndim)
+        if not len(coords):
+            return []
+        if self.shard_shape is None:
+            groups = [coords]
+            per = None
+        else:
+            per = np.array(self.chunks_per_shard, dtype=np.int64)
+            groups = [coords // per, coords % per]
+        texts = []
+        for g, part in enumerate(groups):
+            dims = tuple(int(d) for d in part.max(axis=0) + 1)  # rows as single integers: a 1-d unique is fast
+            ids, inv = np.unique(np.ravel_multi_index(tuple(part.T), dims), return_inverse=True)
+            uniq = np.stack(np.unravel_index(ids, dims), axis=1)
+            if g == 0:
+                names = [self.store_key(tuple(row)) for row in uniq.tolist()]
+            else:
+                names = [f"[{','.join(map(str, row))}]" for row in uniq.tolist()]
+            texts.append([names[i] for i in inv.reshape(-1).tolist()])
+        if per is None:
+            return texts[0]
+        return [a + b for a, b in zip(*texts)]
+
     def store_key(self, coords: tuple[int, ...]) -> str:
         """The store key of the object (chunk, or shard) at grid position ``coords`` of the stored grid."""
         if not self.key_prefix:  # Zarr v2 keys, or the v3 "v2" chunk key encoding

@@ -24,6 +24,11 @@ def enable(on: bool = True) -> None:
     _enabled[0] = bool(on)
 
 
+def enabled() -> bool:
+    """Whether stage times are being recorded (GPU code then synchronises where a stage's time needs it)."""
+    return _enabled[0]
+
+
 def reset() -> None:
     with _lock:
         _totals.clear()

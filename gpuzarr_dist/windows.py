@@ -170,18 +170,8 @@ def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, 
 
 
 def _chunk_keys(spec: Any, coords: np.ndarray) -> list[str]:
-    """:meth:`ArraySpec.chunk_key` of each row of ``coords``, with each shard's key built once."""
-    if spec.shard_shape is None:
-        return [spec.chunk_key(tuple(row)) for row in coords.tolist()]
-    per = np.array(spec.chunks_per_shard, dtype=np.int64)
-    shard_keys: dict[tuple[int, ...], str] = {}
-    out = []
-    for s, i in zip(map(tuple, (coords // per).tolist()), (coords % per).tolist()):
-        k = shard_keys.get(s)
-        if k is None:
-            k = shard_keys[s] = spec.store_key(s)
-        out.append(f"{k}[{','.join(map(str, i))}]")
-    return out
+    """:meth:`ArraySpec.chunk_key` of each row of ``coords`` (vectorised: :meth:`ArraySpec.chunk_keys`)."""
+    return spec.chunk_keys(coords)
 
 
 def _array_module(a: Any) -> Any:

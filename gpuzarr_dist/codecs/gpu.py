@@ -26,9 +26,11 @@ from typing import Any
 import cupy
 import numpy as np
 
+from . import host_checks
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 from ..runtime.memory import is_out_of_memory
+from ..stages import enabled as _stages_enabled, stage_timer
 
 #: codec name -> (nvCOMP algorithm, bytes to strip before the payload, bytes to strip after it)
 NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
@@ -119,23 +121,9 @@ def _check_stated_sizes(codec: str, array: str, host: np.ndarray, offsets: Seque
     writing into the next slot. gzip members state their size in their last
     four bytes (mod 2**32), numcodecs lz4 in a 4-byte prefix; zstd frames are
     checked on the device (:func:`_zstd_frames`); zlib states none (nvCOMP
-    bounds it by the slot).
+    bounds it by the slot). Vectorised over the batch (:mod:`.host_checks`).
     """
-    for o, n, key in zip(offsets, sizes, keys):
-        if codec in ("gzip", "zlib"):
-            bad = _bad_deflate_header(codec, host, o, n)  # nvCOMP skips the header: zlib itself would refuse these
-            if bad:
-                raise ChunkDecodeError(array, key, bad, codec)
-        if codec == "gzip":
-            stated = int.from_bytes(bytes(host[o + n - 4 : o + n]), "little") if n >= 18 else -1
-            if stated != expected % (1 << 32):
-                raise ChunkDecodeError(array, key, f"gzip member states {stated} decoded bytes, expected {expected}", codec)
-        elif codec == "lz4":
-            stated = int.from_bytes(bytes(host[o : o + 4]), "little")
-            if stated != expected:
-                raise ChunkDecodeError(array, key, f"lz4 prefix states {stated} decoded bytes, expected {expected}", codec)
-
-
+    host_checks.check_stated_sizes(codec, array, host, offsets, sizes, keys, expected, _bad_deflate_header)
 
 
 def _bad_deflate_header(codec: str, host: np.ndarray, o: int, n: int) -> str | None:
@@ -198,26 +186,15 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
     deep = cupy.empty(n, dtype=cupy.int32)
     _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length, deep))
     fcs, length, deep = fcs.get(), length.get(), deep.get()
-    suspects = []
-    for i in range(n):
-        why = None
-        if fcs[i] == -2:
-            why = "not a zstd frame (bad magic number or too short)"
-        elif fcs[i] == -3:
-            why = "zstd frame header is truncated"
-        elif length[i] == -4:
-            why = "zstd frame has a block of the reserved type"
-        elif fcs[i] == -1 or length[i] < sizes[i]:
+    verdicts = host_checks.zstd_verdicts(fcs, length, deep, sizes, expected)  # numpy over all frames
+    i = host_checks.zstd_first_error(verdicts)
+    if i >= 0:
+        if verdicts[i] == host_checks.ZSTD_NO_SIZE:
             raise _NoStatedSize(keys[i])
-        elif fcs[i] != expected:
-            why = f"zstd frame states {fcs[i]} decoded bytes, expected {expected}"
-        elif length[i] > sizes[i]:
-            why = f"zstd frame is truncated: its blocks need {length[i]} bytes, the chunk holds {sizes[i]}"
-        elif deep[i]:
-            suspects.append((i, ZSTD_DEEP_REASONS.get(int(deep[i]), f"zstd frame structure check {int(deep[i])}")))
-        if why:
-            raise ChunkDecodeError(array, keys[i], why, "zstd")
-    return suspects
+        raise ChunkDecodeError(array, keys[i], host_checks.zstd_reason(int(verdicts[i]), int(fcs[i]), int(length[i]),
+                                                                       int(sizes[i]), expected), "zstd")
+    return [(i, ZSTD_DEEP_REASONS.get(int(deep[i]), f"zstd frame structure check {int(deep[i])}"))
+            for i in np.flatnonzero(verdicts == host_checks.ZSTD_DEEP).tolist()]
 
 
 def _judge_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
@@ -317,8 +294,7 @@ def _adler32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.nd
     a = (1 + data.sum(axis=1, dtype=cupy.int64)) % _ADLER_MOD
     b = (nbytes + _weighted_sum(data, weights, axis=1)) % _ADLER_MOD
     actual = ((b << 16) | a).get()
-    stored = [int.from_bytes(bytes(host[o + s - 4 : o + s]), "big") for o, s in zip(offsets, sizes)]
-    return [i for i in range(n) if int(actual[i]) != stored[i]]
+    return host_checks.trailer_mismatches(actual, host, np.add(offsets, sizes) - 4, big=True)
 
 
 def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
@@ -342,8 +318,7 @@ def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     _kernel("crc32_combine", CRC32_SRC)(((n + 63) // 64,), (64,), (
         segs, np.int64(nseg), np.int64(seg), np.int64(nbytes), np.int32(n), crc))
     actual = crc.get()
-    stored = [int.from_bytes(bytes(host[o + s - 8 : o + s - 4]), "little") for o, s in zip(offsets, sizes)]
-    return [i for i in range(n) if int(actual[i]) != stored[i]]
+    return host_checks.trailer_mismatches(actual, host, np.add(offsets, sizes) - 8)
 
 
 def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
@@ -356,7 +331,7 @@ def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     """
     from .kernels import XXH64_SRC
 
-    wanted = np.array([host[o + 4] & 4 for o in offsets], dtype=np.uint8)
+    wanted = (host[np.asarray(offsets, dtype=np.int64) + 4] & 4).astype(np.uint8)  # the frame's checksum flag
     if not wanted.any():
         return []
     n = len(offsets)
@@ -364,8 +339,7 @@ def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     _kernel("xxh64_low32", XXH64_SRC)(((n + 63) // 64,), (64,), (
         out, np.int64(stride), np.int64(nbytes), np.int32(n), cupy.asarray(wanted), got))
     actual = got.get()
-    return [i for i in range(n) if wanted[i]
-            and int(actual[i]) != int.from_bytes(bytes(host[offsets[i] + sizes[i] - 4 : offsets[i] + sizes[i]]), "little")]
+    return host_checks.trailer_mismatches(actual, host, np.add(offsets, sizes) - 4, wanted=wanted)
 
 
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
@@ -374,6 +348,8 @@ def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[
     from .compressors import Crc32c
 
     n_crc = len(pipeline.bytes_bytes) - len(_strip_outer_crc(pipeline.bytes_bytes))
+    if not n_crc:  # the usual chain: no per-chunk loop at all
+        return
     check = Crc32c()
     for i, (off, key) in enumerate(zip(offsets, keys)):
         for _ in range(n_crc):
@@ -403,9 +379,11 @@ def decode_batch_gpu(
 
     from ..runtime.cuda import align
 
+    timed = stage_timer()  # sub-stages of the reader's "read + H2D + decode" (opt-in, see ..stages)
     n = len(keys)
     stored_sizes, sizes = sizes, list(sizes)
     _verify_crc32c(pipeline, host, offsets, sizes, keys)
+    timed("decode: crc32c on host")
     layout = pipeline.layouts[-1]
     expected = layout.nbytes
     stride = align(max(expected, 1))
@@ -413,18 +391,22 @@ def decode_batch_gpu(
         from .gpu_blosc import decode_blosc_batch
 
         blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
+        timed("decode: blosc")
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)
-    total = max(o + s for o, s in zip(offsets, sizes))
+    total = int(np.max(np.add(offsets, sizes)))
     dev = cupy.empty(total, dtype=cupy.uint8)
     dev.set(host[:total], stream=stream)
+    if _stages_enabled():  # only when timing: the copy's own time, not the next stage's wait
+        stream.synchronize()
+    timed("decode: H2D")
     inner = _strip_outer_crc(pipeline.bytes_bytes)
     if inner:
         codec = inner[0]
         algorithm, head, tail = NVCOMP_FRAMING[codec.name]
-        in_offs = [o + head for o in offsets]
-        in_sizes = [s - head - tail for s in sizes]
+        in_offs = (np.asarray(offsets, dtype=np.int64) + head).tolist()
+        in_sizes = (np.asarray(sizes, dtype=np.int64) - (head + tail)).tolist()
         if min(in_sizes) <= 0:
             i = int(np.argmin(in_sizes))
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
@@ -439,7 +421,7 @@ def decode_batch_gpu(
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
-            bad = [i for i, length in enumerate(lengths) if length != expected]
+            bad = host_checks.size_mismatches(lengths, expected)
             if bad:
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys,
                               [(i, f"malformed lz4 block (code {lengths[i]})") for i in bad], "lz4")
@@ -447,6 +429,7 @@ def decode_batch_gpu(
         # guard bytes around the output slots: nvCOMP trusts the streams, and a damaged back-reference
         # (deflate distance or zstd offset reaching before the output) then reads our own memory instead of
         # faulting the context; whatever it produced fails the size and checksum checks below
+        timed("decode: frame checks")
         guarded = cupy.empty(n * stride + 2 * OUTPUT_GUARD, dtype=cupy.uint8)
         out = guarded[OUTPUT_GUARD : OUTPUT_GUARD + n * stride]
         try:
@@ -463,8 +446,9 @@ def decode_batch_gpu(
             warnings.warn(f"{pipeline.array}: nvCOMP failed on a batch the CPU decodes ({e}); decoded on the CPU",
                           RuntimeWarning, stacklevel=2)
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        timed("decode: nvCOMP")
         # after the decode: each chunk's size, and the checksums nvCOMP does not verify
-        bad = [(i, f"decoded to {a} bytes, expected {expected}") for i, a in enumerate(actual) if a != expected]
+        bad = [(i, f"decoded to {actual[i]} bytes, expected {expected}") for i in host_checks.size_mismatches(actual, expected)]
         if not bad and codec.name == "gzip":
             bad = [(i, "gzip CRC-32 does not match the decoded data")
                    for i in _crc32_mismatches(out, stride, expected, host, offsets, sizes)]
@@ -474,16 +458,19 @@ def decode_batch_gpu(
         if not bad and codec.name == "zlib":
             bad = [(i, "zlib adler32 checksum does not match the decoded data")
                    for i in _adler32_mismatches(out, stride, expected, host, offsets, sizes)]
+        timed("decode: checksums")
         if bad:  # named when the CPU decoder rejects them too; otherwise the CPU decodes the batch
             _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, bad, codec.name)
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         base = out
     else:
-        bad = [i for i, s in enumerate(sizes) if s != expected]
+        bad = host_checks.size_mismatches(sizes, expected)
         if bad:
             raise ChunkDecodeError(pipeline.array, keys[bad[0]], f"stored {sizes[bad[0]]} bytes, expected {expected}", "bytes")
         base, stride = dev, None
-    return _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
+    arr = _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
+    timed("decode: array codecs (launch)")
+    return arr
 
 
 def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],

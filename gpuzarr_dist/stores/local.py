@@ -14,6 +14,7 @@ from .ranges import ByteRange, MergedRead
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads
+from ..stages import stage_timer
 from ..runtime.threads import io_pool
 
 
@@ -102,6 +103,7 @@ class LocalChunkStore(ChunkStore):
         kvikio = _kvikio()
         if kvikio is not None:
             return self._read_into_kvikio(kvikio, keys, staging, align, lead)
+        timed = stage_timer()
         fds: list[int | None] = []
         sizes: list[int] = []
         try:
@@ -110,7 +112,9 @@ class LocalChunkStore(ChunkStore):
                 fds.append(fd)
                 sizes.append(-1 if fd is None else os.fstat(fd).st_size)
             offsets, total = staging_layout(sizes, align, lead)
+            timed("files: open + sizes")
             buf = staging(total)
+            timed("staging alloc")
             view = memoryview(buf).cast("B")
 
             def one(i: int) -> None:
@@ -130,6 +134,7 @@ class LocalChunkStore(ChunkStore):
                 list(io_pool().map(one, range(len(keys))))
             elif keys:
                 one(0)
+            timed("files: reads")
             return buf, offsets, sizes
         finally:
             for fd in fds:
@@ -144,9 +149,12 @@ class LocalChunkStore(ChunkStore):
 
     def _read_into_kvikio(self, kvikio: Any, keys: Sequence[str], staging: Callable[[int], Any], align: int,
                           lead: int) -> tuple[Any, list[int], list[int]]:
+        timed = stage_timer()
         sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
         offsets, total = staging_layout(sizes, align, lead)
+        timed("files: open + sizes")
         buf = staging(total)
+        timed("staging alloc")
         files, futures, again = [], [], []
         key, waited = (keys[0] if keys else ""), 0
         try:
@@ -177,6 +185,7 @@ class LocalChunkStore(ChunkStore):
         view = memoryview(buf).cast("B") if again else None
         for key, n, off in again:
             self._read_slot(key, view[off : off + n], n)
+        timed("files: reads (kvikio)")
         return buf, offsets, sizes
 
     # -- byte ranges (shards) ----------------------------------------------------------

@@ -106,19 +106,14 @@ class ShardedChunkStore(ChunkStore):
         of a small inner chunk on the GPU path).
         """
         per = self.spec.chunks_per_shard
-        shard_no: dict[str, int] = {}
-        which = np.empty(len(keys), dtype=np.int64)
-        texts = []
-        for i, key in enumerate(keys):
-            b = key.rfind("[")
-            if b < 0 or key[-1] != "]":
-                raise ValueError(f"{self.array}: {key!r} is not an inner-chunk key (shard[i,j,...])")
-            shard = key[:b]
-            j = shard_no.get(shard)
-            if j is None:
-                j = shard_no[shard] = len(shard_no)
-            which[i] = j
-            texts.append(key[b + 1 : -1])
+        split = [k.rpartition("[") for k in keys]  # (shard, "[", "i,j,k]"): C-level work per key, no Python branches
+        if not all(sep for _, sep, _ in split) or not all(k.endswith("]") for k in keys):
+            bad = next(k for k, (_, sep, _) in zip(keys, split) if not sep or not k.endswith("]"))
+            raise ValueError(f"{self.array}: {bad!r} is not an inner-chunk key (shard[i,j,...])")
+        shard_of = [s for s, _, _ in split]
+        shard_no = {s: j for j, s in enumerate(dict.fromkeys(shard_of))}
+        which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=len(keys))
+        texts = [t[:-1] for _, _, t in split]
         if not per or not keys:
             return list(shard_no), which, np.zeros(len(keys), dtype=np.int64)
         try:
@@ -141,9 +136,10 @@ class ShardedChunkStore(ChunkStore):
         slots (gap bytes to scratch); sparse shards (windows) merge ranges
         at most the merge gap apart.
         """
+        timed = _stage_timer()
         shards, which, inner = self._parse(keys)
         n = len(keys)
-        timed = _stage_timer()
+        timed("shards: parse keys")
         try:
             indexes = self.read_indexes(shards)
         except ChunkReadError as e:
@@ -162,7 +158,9 @@ class ShardedChunkStore(ChunkStore):
         ends = np.cumsum(slots)
         dests = ends - slots + pad
         total = int(ends[-1]) if n else 0
+        timed("range planning")
         buf = staging(total)
+        timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
         reads = self._plan_reads(shards, which, offs, sizes, dests)
         timed("range planning")
         try:
@@ -171,6 +169,7 @@ class ShardedChunkStore(ChunkStore):
             raise self._name_chunk(e, keys, "reading byte ranges") from None
         timed("range reads")
         self._check_reads(keys, reads, got, dests, sizes)
+        timed("range checks")
         return buf, dests.tolist(), sizes.tolist()
 
     def _plan_reads(self, shards: list[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray,

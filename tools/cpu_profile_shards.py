@@ -1,0 +1,101 @@
+"""CPU profile of the sharded block read and of a window call (no GPU needed): host-side planning and reads.
+
+    python tools/cpu_profile_shards.py [--path DIR] [--steps 64] [--profile]
+
+Times ``store.read_into`` of one block of ``--steps`` time steps for the unsharded array and the sharded
+arrays (256 KiB and 1 MiB inner chunks), with the stage split (index reads, range planning, range reads),
+and one ``WindowSampler.sample`` call of 64 windows on the CPU device. ``--profile`` adds cProfile's top
+entries for the 256 KiB block read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def best(fn, repeat=7):
+    fn()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return min(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--path", default="/tmp/gpuzarr-profile-shards")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+
+    from gpuzarr_dist import stages
+    from gpuzarr_dist.assemble import plan_selection
+    from gpuzarr_dist.bench.shards import write_variants
+    from gpuzarr_dist.stores.source import open_source
+    from gpuzarr_dist.windows import WindowSampler
+
+    paths = write_variants(args.path, args.steps, 721, 1440, shard_t=4)
+    sel = (slice(0, args.steps), slice(None), slice(None))
+
+    def staging(n):
+        return np.empty(n, dtype=np.uint8)
+
+    for name in ("unsharded", "inner256k", "inner1m"):
+        store, spec = open_source(paths[name], None, None)
+        t0 = time.perf_counter()
+        parts = plan_selection(spec, sel).parts
+        keys = [spec.chunk_key(p.coords) for p in parts]
+        t_keys = time.perf_counter() - t0
+        buf, offs, sizes = store.read_into(keys, staging, 256)
+        stored = sum(s for s in sizes if s > 0)
+        sec = best(lambda: store.read_into(keys, staging, 256))
+        print(f"{name:<10} {len(keys):5d} keys  plan+keys {1e3 * t_keys:7.2f} ms  read_into {1e3 * sec:8.2f} ms "
+              f"({stored / sec / 1e9:5.2f} GB/s of {stored / 1e6:.0f} MB stored)")
+        stages.enable()
+        stages.reset()
+        for _ in range(5):
+            store.read_into(keys, staging, 256)
+        st = stages.snapshot()
+        stages.enable(False)
+        if st:
+            print(stages.format_stages(st))
+        if args.profile and name == "inner256k":
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(5):
+                store.read_into(keys, staging, 256)
+            prof.disable()
+            pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+
+    sampler = WindowSampler(paths["inner256k"], (4, 128, 128), device="cpu")
+    starts = [sampler.random_starts(64, rng=i) for i in range(8)]
+    it = iter(range(10**9))
+    stages.enable()
+    stages.reset()
+    sec = best(lambda: sampler.sample(starts[next(it) % 8]), 7)
+    print(f"WindowSampler.sample, 64 windows (cpu): {1e3 * sec:.2f} ms ({64 / sec:.0f} windows/s)")
+    print(stages.format_stages(stages.snapshot()))
+    stages.enable(False)
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for i in range(5):
+            sampler.sample(starts[i])
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,6 +1,8 @@
 """GPU probe of the sharded read paths: store-level block reads (old per-chunk kvikio vs one preadv per shard),
-whole-block GPU reads, the time mean sharded vs unsharded, and WindowSampler calls of 64 and 256 windows,
-each with its stage times. A plain script: prints a compact table; exits nonzero if a value is wrong.
+whole-block GPU reads, the time mean sharded vs unsharded, per-stage ms per block of 64 steps (host reads:
+parse keys / index reads / staging alloc / range planning / range reads; GPU: H2D / frame checks / nvCOMP /
+checksums; place) for unsharded vs 256 KiB / 1 MiB inner chunks with 1 and 16 threads, and WindowSampler
+calls of 64 and 256 windows, each with its stage times. A plain script: prints a compact table; exits nonzero if a value is wrong.
 
     python tools/gpu_probe_shards.py [--path DIR] [--steps 192]
 
@@ -95,6 +97,27 @@ def main() -> int:
                 float(x.mean(axis=0).compute()[0, 0])
 
         row(f"time mean {name}, {args.threads} threads", best(mean, 3), nbytes)
+
+    # 2b. per-stage ms per block (64 steps) through dask, 1 and 16 threads: which stage of the sharded read is slow
+    block = 64
+    for threads in (1, args.threads):
+        for name in ("unsharded", "inner256k", "inner1m"):
+            x = from_zarr_gpu(paths[name], device="gpu", chunks=(block, 721, 1440))
+
+            def mean():
+                with dask.config.set(scheduler="threads", num_workers=threads):
+                    float(x.mean(axis=0).compute()[0, 0])
+
+            mean()  # warm: pinned pool, codecs, kernels
+            stages.enable()
+            stages.reset()
+            t0 = time.perf_counter()
+            mean()
+            sec = time.perf_counter() - t0
+            st = stages.snapshot()
+            stages.enable(False)
+            row(f"time mean {name}, blocks of {block} steps, {threads} threads (stages below)", sec, nbytes)
+            print(stages.format_stages(st))
 
     # 3. window calls
     ref = zarr.open_array(paths["inner256k"], mode="r")

@@ -105,7 +105,7 @@ class BlockReader:
             out = np.empty(plan.out_shape, dtype=spec.dtype)
         if not plan.parts:
             return out
-        keys = [spec.chunk_key(p.coords) for p in plan.parts]
+        keys = spec.chunk_keys([p.coords for p in plan.parts])
         raw = self.store.read_many(keys)
         present = [i for i, b in enumerate(raw) if b is not None]
         for i, b in enumerate(raw):

@@ -46,7 +46,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         stream.synchronize()
         return out
     timed = stage_timer()
-    keys = [spec.chunk_key(p.coords) for p in plan.parts]
+    keys = spec.chunk_keys([p.coords for p in plan.parts])
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     present = [i for i, n in enumerate(sizes) if n >= 0]
     for i, n in enumerate(sizes):

@@ -32,6 +32,12 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     ``EAGAIN``, ``ETIMEDOUT`` ...) is tried again (default 3), and the wait in
     seconds before the first retry (default 0.05, doubling each time). Then
     the read fails with ``ChunkReadError``.
+``gpuzarr.write.batch-size``
+    ``to_zarr_gpu``: a block's chunks are encoded and written in sub-batches of
+    about this many bytes of uncompressed input (whole chunks or shards), so
+    that the encode of one sub-batch (on the GPU, or the CPU encode threads)
+    overlaps the file writes of the previous one. Default ``"64 MiB"``;
+    ``None`` or ``0`` encodes each block in one batch (no overlap).
 """
 
 from __future__ import annotations
@@ -77,3 +83,17 @@ def io_retries() -> int:
 
 def io_retry_delay() -> float:
     return max(0.0, float(dask.config.get("gpuzarr.io-retry-delay")))
+
+
+dask.config.update_defaults({"gpuzarr": {"write": {"batch-size": "64 MiB"}}})
+
+
+def write_batch_bytes() -> int | None:
+    """``gpuzarr.write.batch-size`` in bytes, or None (one batch per block)."""
+    from dask.utils import parse_bytes
+
+    v = dask.config.get("gpuzarr.write.batch-size", None)
+    if v in (None, 0, "0", "", "none", "None"):
+        return None
+    n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
+    return n if n > 0 else None

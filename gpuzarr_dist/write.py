@@ -362,20 +362,45 @@ class BlockWriter:
 
     # -- one block -------------------------------------------------------------------
     def write(self, block: Any, start: tuple[int, ...]) -> int:
-        """Encode and store the block whose first element is at ``start``; the bytes stored."""
+        """Encode and store the block whose first element is at ``start``; the bytes stored.
+
+        The block's chunks are encoded and written in sub-batches of about
+        ``gpuzarr.write.batch-size`` bytes of input (whole objects: a shard is
+        never split), pipelined: sub-batch k+1's encode is launched (on the
+        thread's CUDA stream, or on the CPU encode threads) before sub-batch
+        k's objects are written, so encoding and writing overlap within one
+        task. Each object is still written once, whole and atomically.
+        """
         if any(s == 0 for s in block.shape):
             return 0
         gpu = self.device == "gpu" or (self.device == "auto" and _is_cupy(block) and _gpu_encode_usable())
         if gpu:
-            from .write_gpu import encode_block_gpu
+            from .write_gpu import gpu_block_encoder
 
-            encoded, first, grid = encode_block_gpu(self, block, start)
+            encoder = gpu_block_encoder(self, block)
         else:
             if _is_cupy(block):
                 block = block.get()
-            block = np.asarray(block)
-            encoded, first, grid = self._encode_cpu(block, start)
-        return self._store(encoded, first, grid)
+            encoder = CpuBlockEncoder(self, np.asarray(block))
+        first, grid, coords = self._chunk_layout(tuple(block.shape), start)
+        return self.run_batches(encoder, self.sub_batches(first, grid, coords))
+
+    def run_batches(self, encoder: "BlockEncoder", batches: list["SubBatch"]) -> int:
+        """Encode and write ``batches`` in order, launching each encode before the previous batch's writes."""
+        total = 0
+        pending = encoder.launch(batches[0].sel, batches[0].keys) if batches else None
+        try:
+            for k, batch in enumerate(batches):
+                encoded = encoder.finish(pending)
+                pending = None
+                if k + 1 < len(batches):  # runs on the GPU (or the encode threads) while this thread writes
+                    pending = encoder.launch(batches[k + 1].sel, batches[k + 1].keys)
+                total += self.writer.put_many(batch.objects(self, encoded))
+                del encoded
+        finally:
+            if pending is not None:  # a write failed: let the launched encode finish before its buffers go
+                encoder.abandon(pending)
+        return total
 
     def _chunk_layout(self, shape: tuple[int, ...], start: tuple[int, ...]) -> tuple[tuple[int, ...], list[int], list[tuple[int, ...]]]:
         """Grid coordinates of the block's first chunk, its chunk grid, and every chunk's coordinates."""
@@ -385,44 +410,184 @@ class BlockWriter:
         coords = [tuple(f + i for f, i in zip(first, idx)) for idx in np.ndindex(*grid)]
         return first, grid, coords
 
-    def _encode_cpu(self, block: np.ndarray, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
-        from .runtime.threads import decode_pool
-
+    def host_chunks(self, block: np.ndarray) -> np.ndarray:
+        """The block's chunks as one host array ``(n, *chunk_shape)`` in the array's dtype."""
         spec = self.spec
         if block.dtype != spec.dtype and block.dtype.newbyteorder("=") != spec.dtype:
             block = block.astype(spec.dtype)
+        return chunk_grid(block, spec.chunk_shape, spec.fill_value, np)
+
+    def _encode_cpu(self, block: np.ndarray, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
+        """Every chunk of ``block`` encoded on the CPU in one batch (for benchmarks); ``(encoded, first, grid)``."""
+        from .runtime.threads import decode_pool
+
         first, grid, coords = self._chunk_layout(block.shape, start)
-        chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, np)
-        keys = [spec.chunk_key(c) for c in coords]
+        chunks = self.host_chunks(block)
+        keys = [self.spec.chunk_key(c) for c in coords]
         return self.pipeline.encode_batch(list(chunks), keys, decode_pool()), first, grid
 
-    def _store(self, encoded: list[Any], first: tuple[int, ...], grid: list[int]) -> int:
-        """Write the encoded chunks of a block: as chunk objects, or gathered into shards with their index."""
+    def _shards(self, first: tuple[int, ...], grid: list[int]) -> list[tuple[str, np.ndarray]]:
+        """``(store key, positions)`` of each shard of the block: every inner chunk's position in the block's
+        chunk list, -1 where it lies outside the array or the block (absent in the index, read as the fill value).
+
+        Index arithmetic for all inner chunks of a shard at once, not a loop per chunk.
+        """
         spec = self.spec
-        if spec.shard_shape is None:
-            keys = [spec.store_key(tuple(f + i for f, i in zip(first, idx))) for idx in np.ndindex(*grid)]
-            return self.writer.put_many(list(zip(keys, encoded)))
         per = spec.chunks_per_shard
-        full_grid = spec.grid_shape
+        full_grid = np.asarray(spec.grid_shape)[:, None]
         shard_first = tuple(f // p for f, p in zip(first, per))
         shard_grid = [-(-g // p) for g, p in zip(grid, per)]
-        # each inner chunk's position in ``encoded`` (-1: outside the array or the block, absent in the index and
-        # read as the fill value), for all shards of the block at once: index arithmetic, not a loop per chunk
         inner = np.indices(per).reshape(len(per), -1) if per else None
-        items = []
+        out = []
         for sidx in np.ndindex(*shard_grid):
             scoords = tuple(s + i for s, i in zip(shard_first, sidx))
             if inner is None:  # 0-d: one chunk in one shard
-                parts = [encoded[0]]
+                pos = np.zeros(1, dtype=np.int64)
             else:
                 g = np.asarray(scoords)[:, None] * np.asarray(per)[:, None] + inner
                 local = g - np.asarray(first)[:, None]
-                inside = np.all((g < np.asarray(full_grid)[:, None]) & (local < np.asarray(grid)[:, None]), axis=0)
+                inside = np.all((g < full_grid) & (local < np.asarray(grid)[:, None]), axis=0)
                 pos = np.where(inside, np.ravel_multi_index(tuple(np.where(inside, local, 0)), grid), -1)
-                parts = [encoded[i] if i >= 0 else None for i in pos.tolist()]
-            key = spec.store_key(scoords)
-            items.append((key, self.index.build_parts(parts, key)))
-        return self.writer.put_many(items)
+            out.append((spec.store_key(scoords), pos.astype(np.int64)))
+        return out
+
+    def sub_batches(self, first: tuple[int, ...], grid: list[int], coords: list[tuple[int, ...]]) -> list["SubBatch"]:
+        """The block's chunks cut into sub-batches of whole objects, about ``gpuzarr.write.batch-size`` each.
+
+        The objects (chunks, or shards) are split into as few equal runs as
+        keep each run under the size; a single object larger than it is one
+        sub-batch of its own.
+        """
+        from .config import write_batch_bytes
+
+        spec = self.spec
+        chunk_bytes = max(1, math.prod(spec.chunk_shape) * spec.dtype.itemsize)
+        limit = write_batch_bytes()
+        keys = [spec.chunk_key(c) for c in coords]
+        n = len(coords)
+        if spec.shard_shape is None:
+            parts = _even_runs(n, n * chunk_bytes, limit)
+            return [SubBatch(slice(lo, hi), keys[lo:hi], [spec.store_key(c) for c in coords[lo:hi]], None)
+                    for lo, hi in parts]
+        shards = self._shards(first, grid)
+        present = [pos[pos >= 0] for _, pos in shards]
+        out = []
+        for lo, hi in _even_runs(len(shards), n * chunk_bytes, limit):
+            order = np.concatenate(present[lo:hi]) if hi > lo else np.zeros(0, dtype=np.int64)
+            if len(order) and np.array_equal(order, np.arange(order[0], order[0] + len(order))):
+                sel: Any = slice(int(order[0]), int(order[0]) + len(order))  # contiguous: a view, no copy
+            else:
+                sel = order
+            out.append(SubBatch(sel, [keys[i] for i in order.tolist()], [k for k, _ in shards[lo:hi]],
+                                [pos for _, pos in shards[lo:hi]]))
+        return out
+
+    def _store(self, encoded: list[Any], first: tuple[int, ...], grid: list[int]) -> int:
+        """Write a block's encoded chunks (all of them, in the block's chunk order) as chunks or shards."""
+        coords = [tuple(f + i for f, i in zip(first, idx)) for idx in np.ndindex(*grid)]
+        total = 0
+        for batch in self.sub_batches(first, grid, coords):
+            sel = batch.sel
+            part = encoded[sel] if isinstance(sel, slice) else [encoded[i] for i in sel.tolist()]
+            total += self.writer.put_many(batch.objects(self, part))
+        return total
+
+
+def _even_runs(count: int, nbytes: int, limit: int | None) -> list[tuple[int, int]]:
+    """``count`` objects of ``nbytes`` in all cut into as few equal ``(lo, hi)`` runs as keep each under ``limit``."""
+    if count == 0:
+        return []
+    k = 1 if not limit or limit <= 0 else min(count, max(1, -(-nbytes // limit)))
+    bounds = [count * i // k for i in range(k + 1)]
+    return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+@dataclass
+class SubBatch:
+    """Some chunks of one block, encoded together, and the whole objects they make.
+
+    ``sel`` picks the chunks from the block's chunk list (a slice, or positions
+    when the shards' chunks are not contiguous there); ``keys`` are their chunk
+    keys (for errors). Unsharded, ``objects`` are the chunks themselves;
+    sharded, ``shards`` holds each shard's inner-chunk positions (-1: absent).
+    """
+
+    sel: Any
+    keys: list[str]
+    object_keys: list[str]
+    shards: list[np.ndarray] | None
+
+    def objects(self, writer: BlockWriter, encoded: list[Any]) -> list[tuple[str, Any]]:
+        """``(store key, data)`` of each object from this sub-batch's encoded chunks (in ``sel`` order)."""
+        if self.shards is None:
+            return list(zip(self.object_keys, encoded))
+        out, it = [], iter(encoded)
+        for key, pos in zip(self.object_keys, self.shards):
+            parts = [next(it) if p >= 0 else None for p in pos.tolist()]
+            out.append((key, writer.index.build_parts(parts, key)))
+        return out
+
+
+class BlockEncoder:
+    """Encodes sub-batches of one block's chunks: ``launch`` starts the work, ``finish`` waits for the bytes.
+
+    ``launch`` returns quickly where the work runs elsewhere (the GPU, the CPU
+    encode threads), so the caller can write the previous sub-batch meanwhile;
+    ``abandon`` waits for launched work whose result is no longer wanted (its
+    buffers must outlive it).
+    """
+
+    def launch(self, sel: Any, keys: list[str]) -> Any:
+        raise NotImplementedError
+
+    def finish(self, pending: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def abandon(self, pending: Any) -> None:
+        raise NotImplementedError
+
+
+class CpuBlockEncoder(BlockEncoder):
+    """numcodecs encoders on the shared CPU encode threads (``decode_pool``), one future per chunk."""
+
+    def __init__(self, writer: BlockWriter, block: np.ndarray):
+        self.pipeline = writer.pipeline
+        self.chunks = writer.host_chunks(block)
+
+    def launch(self, sel: Any, keys: list[str]) -> list[Any]:
+        from .runtime.threads import decode_pool
+
+        rows = list(self.chunks[sel]) if isinstance(sel, slice) else [self.chunks[i] for i in sel.tolist()]
+        if len(rows) == 1:  # one chunk: no thread hand-off
+            return [_Done(self.pipeline.encode_chunk, rows[0], keys[0])]
+        pool = decode_pool()
+        return [pool.submit(self.pipeline.encode_chunk, r, k) for r, k in zip(rows, keys)]
+
+    def finish(self, pending: list[Any]) -> list[Any]:
+        from concurrent.futures import wait
+
+        wait([f for f in pending if not isinstance(f, _Done)])  # none left running when one failed
+        return [f.result() for f in pending]
+
+    def abandon(self, pending: list[Any]) -> None:
+        from concurrent.futures import wait
+
+        for f in pending:
+            f.cancel()
+        wait([f for f in pending if not isinstance(f, _Done)])
+
+
+class _Done:
+    """A call run when its result is asked for (a future without a thread)."""
+
+    def __init__(self, fn: Any, *args: Any):
+        self.fn, self.args = fn, args
+
+    def result(self) -> Any:
+        return self.fn(*self.args)
+
+    def cancel(self) -> bool:
+        return True
 
 
 def _total(*parts: Any) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""The GPU device's block write: block on the device -> chunk grid (one copy kernel) -> one nvCOMP encode.
+"""The GPU device's block write: block on the device -> chunk grid (one copy kernel) -> nvCOMP encodes.
 
 Called by :class:`gpuzarr_dist.write.BlockWriter` for cupy blocks. Work runs
 on the calling thread's own CUDA stream (the one the fused compute ran on when
@@ -6,7 +6,9 @@ the block came from :func:`~gpuzarr_dist.from_zarr_gpu`); the stream is
 synchronised before the host touches the results. A chain the GPU encoder
 cannot run (see :func:`gpuzarr_dist.codecs.gpu_encode.gpu_encode_unsupported`)
 is encoded on the CPU after one copy of the block to the host, with one
-warning per codec.
+warning per codec. :class:`GpuBlockEncoder` launches each sub-batch's encode
+without waiting, so :meth:`~gpuzarr_dist.write.BlockWriter.run_batches`
+writes the previous sub-batch from pinned memory while the GPU encodes.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import cupy
 
-from .codecs.gpu_encode import encode_batch_gpu, gpu_encode_unsupported
+from .codecs.gpu_encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
 from .errors import ChunkEncodeError
 from .runtime.cuda import thread_stream
 from .runtime.once import warn_once
+from .write import BlockEncoder
 
 if TYPE_CHECKING:
     from .write import BlockWriter
@@ -31,9 +34,53 @@ def _warn_cpu_fallback(codec: str, array: str) -> None:
               "and encoded on the CPU (warned once per codec)", stacklevel=4)
 
 
-def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
-    """Encode every chunk of ``block`` on the GPU; ``(encoded chunks, first chunk coords, chunk grid)``."""
-    from .write import chunk_grid
+class GpuBlockEncoder(BlockEncoder):
+    """nvCOMP batch encodes of sub-batches of one block's chunks (a device array), on the thread's stream.
+
+    ``launch`` enqueues the encode and returns; ``finish`` synchronises the
+    stream and returns the stored bytes (views into pinned host memory). A
+    sub-batch nvCOMP refuses is encoded on the CPU instead (same format), with
+    one warning per codec.
+    """
+
+    def __init__(self, writer: "BlockWriter", chunks: Any, stream: Any):
+        self.writer, self.chunks, self.stream = writer, chunks, stream
+
+    def _rows(self, sel: Any) -> Any:
+        return self.chunks[sel] if isinstance(sel, slice) else self.chunks[cupy.asarray(sel)]
+
+    def launch(self, sel: Any, keys: list[str]) -> tuple[Any, list[str], Any, ChunkEncodeError | None]:
+        try:
+            return sel, keys, launch_encode_gpu(self.writer.pipeline, self._rows(sel), keys, self.stream), None
+        except ChunkEncodeError as e:  # refused at launch: the CPU encoders give the same format
+            return sel, keys, None, e
+
+    def finish(self, pending: tuple[Any, list[str], Any, ChunkEncodeError | None]) -> list[Any]:
+        sel, keys, launched, err = pending
+        if err is None:
+            try:
+                return finish_encode_gpu(launched)
+            except ChunkEncodeError as e:
+                err = e
+        return self._on_cpu(sel, keys, err)
+
+    def _on_cpu(self, sel: Any, keys: list[str], err: ChunkEncodeError) -> list[Any]:
+        from .runtime.threads import decode_pool
+
+        _warn_cpu_fallback(f"{err.codec} ({err.reason})", self.writer.spec.name)
+        self.stream.synchronize()
+        host = cupy.asnumpy(self._rows(sel), stream=self.stream)
+        self.stream.synchronize()
+        return self.writer.pipeline.encode_batch(list(host), keys, decode_pool())
+
+    def abandon(self, pending: Any) -> None:
+        self.stream.synchronize()  # the launched encode still reads and writes its buffers
+
+
+def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
+    """The encoder for ``block`` (cupy, or numpy with device="gpu"): its chunks cut on the device (one copy
+    kernel) for nvCOMP, or, for a chain the GPU encoder cannot run, copied to the host for the CPU encoders."""
+    from .write import CpuBlockEncoder, chunk_grid
 
     spec = writer.spec
     current = cupy.cuda.get_current_stream()
@@ -45,17 +92,17 @@ def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) 
         _warn_cpu_fallback(repr(unsupported), spec.name)
         host = cupy.asnumpy(cupy.asarray(block), stream=stream)
         stream.synchronize()
-        return writer._encode_cpu(host, start)
+        return CpuBlockEncoder(writer, host)
     block = cupy.asarray(block)  # numpy blocks with device="gpu" go up once
     if block.dtype != spec.dtype:
         block = block.astype(spec.dtype)
+    return GpuBlockEncoder(writer, chunk_grid(block, spec.chunk_shape, spec.fill_value, cupy), stream)
+
+
+def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
+    """Every chunk of ``block`` encoded on the GPU in one batch (no sub-batches; for benchmarks and checks);
+    ``(encoded chunks, first chunk coords, chunk grid)``."""
     first, grid, coords = writer._chunk_layout(tuple(block.shape), start)
-    chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, cupy)
-    keys = [spec.chunk_key(c) for c in coords]
-    try:
-        return encode_batch_gpu(writer.pipeline, chunks, keys, stream), first, grid
-    except ChunkEncodeError as e:  # nvCOMP refused the batch: the CPU encoders give the same format
-        _warn_cpu_fallback(f"{e.codec} ({e.reason})", spec.name)
-        host = cupy.asnumpy(block, stream=stream)
-        stream.synchronize()
-        return writer._encode_cpu(host, start)
+    encoder = gpu_block_encoder(writer, block)
+    keys = [writer.spec.chunk_key(c) for c in coords]
+    return encoder.finish(encoder.launch(slice(0, len(keys)), keys)), first, grid

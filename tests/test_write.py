@@ -234,16 +234,17 @@ def test_read_compute_encode_write_fuse_into_one_task_per_block(tmp_path, monkey
     m = float(data.mean())
     lazy = gz.to_zarr_gpu(x - m, str(tmp_path / "out.zarr"), chunks=(5, 6), compute=False)
     assert _n_tasks(lazy) == x.npartitions + 1  # one task per block, plus the total
-    from gpuzarr_dist.codecs.pipeline import CodecPipeline
+    from gpuzarr_dist.write import CpuBlockEncoder
 
     batches = []
-    original = CodecPipeline.encode_batch
+    original = CpuBlockEncoder.launch
 
-    def encode_batch(self, chunks, keys, pool):
-        batches.append((len(chunks), max(c.nbytes for c in chunks)))
-        return original(self, chunks, keys, pool)
+    def launch(self, sel, keys):
+        rows = self.chunks[sel]
+        batches.append((len(rows), max(c.nbytes for c in rows)))
+        return original(self, sel, keys)
 
-    monkeypatch.setattr(CodecPipeline, "encode_batch", encode_batch)
+    monkeypatch.setattr(CpuBlockEncoder, "launch", launch)
     lazy.compute(scheduler="sync")
     assert batches == [(4, 5 * 6 * 4)] * x.npartitions  # each task: one batch of its 4 chunks
     assert_same(read_ts(str(tmp_path / "out.zarr")), data - np.float32(m))
@@ -392,7 +393,10 @@ def test_gpu_blocks_encode_on_the_device(tmp_path, monkeypatch, codec):
     def no_cpu(self, *args, **kwargs):
         raise AssertionError("encoded on the CPU")
 
+    from gpuzarr_dist.write import CpuBlockEncoder
+
     monkeypatch.setattr(CodecPipeline, "encode_batch", no_cpu)
+    monkeypatch.setattr(CpuBlockEncoder, "launch", no_cpu)
     data = make_data("float32", (64, 70), seed=13)
     x = da.from_array(data, chunks=(32, 70)).map_blocks(cupy.asarray)
     path = str(tmp_path / "out.zarr")

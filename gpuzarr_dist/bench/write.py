@@ -141,7 +141,15 @@ def run(args) -> int:
                         extra={"ratio": ratio}))
         if name != OURS:
             shutil.rmtree(path, ignore_errors=True)
+    ceiling_lines: list[str] = []
+    if not getattr(args, "no_ceiling", False):  # what the machine's page cache takes: the bound on every row
+        from .write_ceiling import ceiling_rows, load_objects
+
+        crows, ceiling_lines = ceiling_rows(load_objects(os.path.join(tmp.name, "ours.zarr")), nbytes, threads,
+                                            tmp.name, repeat)
+        rows.extend(crows)
     print(format_table(rows, OURS))
+    print("\n".join(ceiling_lines))
     ours_row = rows[0]
     zp = next(r for r in rows if r.name.startswith("zarr-python"))
     cpu_ratio = ratios[zp.name]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import google_crc32c
+import numpy as np
 import numcodecs
 
 from .base import BytesBytesCodec
@@ -105,5 +106,14 @@ class Crc32c(BytesBytesCodec):
 
     def encode(self, data: Any) -> Any:
         body = memoryview(data).cast("B")
-        return bytes(body) + google_crc32c.value(bytes(body)).to_bytes(4, "little")
+        return b"".join((body, crc32c_value(body).to_bytes(4, "little")))  # one copy of the chunk, not three
+
+
+def crc32c_value(buf: Any) -> int:
+    """The CRC32C of a bytes-like object without copying it (google_crc32c takes bytes or read-only numpy arrays)."""
+    if isinstance(buf, bytes):
+        return google_crc32c.value(buf)
+    view = np.frombuffer(buf, dtype=np.uint8)
+    view.flags.writeable = False
+    return google_crc32c.value(view)
 

@@ -38,9 +38,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import cupy
-import google_crc32c
 import numpy as np
 
+from .compressors import crc32c_value
 from .pipeline import CodecPipeline
 from ..errors import ChunkEncodeError
 from ..runtime.cuda import thread_nvcomp_codec
@@ -170,7 +170,8 @@ def encode_batch_gpu(
     Returns one bytes-like object per chunk (views into one pinned host buffer,
     or ``bytes`` where the host added framing). The caller's fused compute ran
     on ``stream``; everything here is ordered after it on the same stream, and
-    the stream is synchronised before the host reads the results.
+    the stream is synchronised before the host reads the results. The same as
+    :func:`launch_encode_gpu` then :func:`finish_encode_gpu`.
 
     ``timings`` (for benchmarks): when given, the stream is synchronised after
     each stage and its seconds are added under ``"encode"`` (nvCOMP, with the
@@ -178,78 +179,137 @@ def encode_batch_gpu(
     device), ``"d2h"`` (the copy to pinned host memory) and ``"host"`` (framing
     and checksums on the host).
     """
+    return finish_encode_gpu(launch_encode_gpu(pipeline, chunks, keys, stream, _Clock(timings, stream)))
+
+
+class PendingEncode:
+    """An encode launched on a stream and not yet read back: holds every buffer the stream work uses.
+
+    Dropping it before :func:`finish_encode_gpu` (or a synchronise of its
+    stream) could free memory the GPU still reads or writes.
+    """
+
+    def __init__(self, pipeline: CodecPipeline, keys: Sequence[str], stream: cupy.cuda.Stream, clock: "_Clock"):
+        self.pipeline, self.keys, self.stream, self.clock = pipeline, list(keys), stream, clock
+        self.n = self.nbytes = self.n_crc = 0
+        self.compressor: str | None = None
+        self.algorithm = ""
+        self.raw = self.flat = self.src = self.plain = self.host = None
+        self.codec: Any = None
+        self.res: Any = None
+        self.cap: int | None = None  # encode(out=) slots: nvCOMP's bound, the slot stride and the buffer
+        self.slot = 0
+        self.dev_out = None
+
+    def where(self) -> str:
+        keys = self.keys
+        return keys[0] if len(keys) == 1 else f"{keys[0]} .. {keys[-1]}" if keys else "(no chunks)"
+
+
+def launch_encode_gpu(
+    pipeline: CodecPipeline, chunks: cupy.ndarray, keys: Sequence[str], stream: cupy.cuda.Stream,
+    clock: "_Clock | None" = None,
+) -> PendingEncode:
+    """Enqueue the encode of ``chunks`` on ``stream`` and return without waiting for the GPU.
+
+    The host can do other work (write the previous sub-batch) while nvCOMP
+    runs; :func:`finish_encode_gpu` waits and returns the stored bytes.
+    """
+    from ..runtime.cuda import align, pinned_staging
+
+    p = PendingEncode(pipeline, keys, stream, clock or _Clock(None, stream))
+    n = p.n = chunks.shape[0]
+    raw = p.raw = _as_bytes_rows(pipeline, chunks)
+    nbytes = p.nbytes = raw.shape[1]
+    bb = [c.name for c in pipeline.bytes_bytes]
+    while bb and bb[-1] == "crc32c":
+        bb.pop()
+        p.n_crc += 1
+    compressor = p.compressor = bb[0] if bb else None
+    if compressor is None:  # stored as is: one copy to pinned memory
+        p.host = pinned_staging(n * nbytes)
+        raw.reshape(-1).get(out=p.host, stream=stream)
+        return p
+    from nvidia import nvcomp
+
+    algorithm = p.algorithm = NVCOMP_ENCODERS[compressor]
+    codec = p.codec = thread_nvcomp_codec(algorithm, stream)
+    stride = align(max(nbytes, 1))
+    if stride != nbytes and n > 1:  # nvCOMP wants aligned sub-buffers: pad the rows
+        padded = cupy.empty((n, stride), dtype=cupy.uint8)
+        padded[:, :nbytes] = raw
+        flat = padded.reshape(-1)
+    else:
+        flat = raw.reshape(-1)
+    p.flat = flat
+    if compressor == "gzip":  # the gzip trailer needs the CRC-32 of the uncompressed bytes
+        p.plain = pinned_staging(n * nbytes)
+        raw.reshape(-1).get(out=p.plain, stream=stream)
+    p.clock.lap("prepare")
+    p.src = nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n)
+    cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n and not _out_refused else None
+    if cap is not None:  # nvCOMP writes into our slots; one kernel packs them
+        slot = align(cap)
+        dev_out = cupy.empty(n * slot, dtype=cupy.uint8)
+        try:
+            p.res = codec.encode(p.src, out=nvcomp.as_arrays(dev_out, [i * slot for i in range(n)], [cap] * n))
+            p.cap, p.slot, p.dev_out = cap, slot, dev_out
+        except (TypeError, ValueError):  # out= refused: nvCOMP's own buffers, for this process
+            _refuse_out()
+            _forget_max(algorithm, nbytes)
+        except (RuntimeError, MemoryError) as e:
+            raise ChunkEncodeError(pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
+    if p.res is None:
+        try:
+            p.res = codec.encode(p.src)
+        except (RuntimeError, ValueError, MemoryError) as e:
+            raise ChunkEncodeError(pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
+    return p
+
+
+def finish_encode_gpu(p: PendingEncode) -> list[Any]:
+    """Wait for a launched encode and return each chunk's stored bytes (see :func:`encode_batch_gpu`)."""
     from ..runtime.cuda import align, pinned_staging
     from ..runtime.threads import decode_pool
 
-    clock = _Clock(timings, stream)
-    n = chunks.shape[0]
-    raw = _as_bytes_rows(pipeline, chunks)
-    nbytes = raw.shape[1]
-    bb = [c.name for c in pipeline.bytes_bytes]
-    n_crc = 0
-    while bb and bb[-1] == "crc32c":
-        bb.pop()
-        n_crc += 1
-    compressor = bb[0] if bb else None
-    crc32 = None
+    stream, clock, n, nbytes, compressor = p.stream, p.clock, p.n, p.nbytes, p.compressor
     if compressor is None:
-        host = pinned_staging(n * nbytes)
-        raw.reshape(-1).get(out=host, stream=stream)
         stream.synchronize()
         clock.lap("d2h")
-        out: list[Any] = [host[i * nbytes : (i + 1) * nbytes] for i in range(n)]
+        out: list[Any] = [p.host[i * nbytes : (i + 1) * nbytes] for i in range(n)]
     else:
-        from nvidia import nvcomp
-
-        algorithm = NVCOMP_ENCODERS[compressor]
-        codec = thread_nvcomp_codec(algorithm, stream)
-        stride = align(max(nbytes, 1))
-        if stride != nbytes and n > 1:  # nvCOMP wants aligned sub-buffers: pad the rows
-            padded = cupy.empty((n, stride), dtype=cupy.uint8)
-            padded[:, :nbytes] = raw
-            flat = padded.reshape(-1)
-        else:
-            flat = raw.reshape(-1)
-        if compressor == "gzip":  # the gzip trailer needs the CRC-32 of the uncompressed bytes
-            plain = pinned_staging(n * nbytes)
-            raw.reshape(-1).get(out=plain, stream=stream)
-        clock.lap("prepare")
-        src = nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n)
-        cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n and not _out_refused else None
         packed = None
-        if cap is not None:  # nvCOMP writes into our slots; one kernel packs them
-            slot = align(cap)
-            dev_out = cupy.empty(n * slot, dtype=cupy.uint8)
+        if p.cap is not None:
+            cap = p.cap
             try:
-                res = codec.encode(src, out=nvcomp.as_arrays(dev_out, [i * slot for i in range(n)], [cap] * n))
                 stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
-                sizes = [int(v) for v in res.buffer_sizes]
+                sizes = [int(v) for v in p.res.buffer_sizes]
                 if sizes and all(v == cap for v in sizes):  # the slots' capacities, not what was written: the bound
                     raise ValueError("encode(out=) reported the slot capacities as sizes")  # is never reached
             except (TypeError, ValueError):  # out= refused: nvCOMP's own buffers, for this process
                 # nvCOMP 6.0 on the H200 reported the slot capacities as the sizes: out= is not usable there
                 _refuse_out()
-                _forget_max(algorithm, nbytes)
+                _forget_max(p.algorithm, nbytes)
+                p.res = None
             except (RuntimeError, MemoryError) as e:
-                raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
-                                       f"nvCOMP: {e}", compressor) from e
+                raise ChunkEncodeError(p.pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
             else:
                 if any(s > cap for s in sizes):  # never seen; a wrong bound must not pass silently
-                    raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
+                    raise ChunkEncodeError(p.pipeline.array, p.where(),
                                            f"nvCOMP stated compressed sizes above its bound {cap}", compressor)
                 clock.lap("encode")
-                packed, offsets = gather(dev_out.data.ptr + slot * np.arange(n, dtype=np.uint64), sizes, stream)
+                packed, offsets = gather(p.dev_out.data.ptr + p.slot * np.arange(n, dtype=np.uint64), sizes, stream)
                 clock.lap("pack")
         if packed is None:
             try:
-                res = codec.encode(src)
+                res = p.res if p.res is not None else p.codec.encode(p.src)
+                p.res = res
                 stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes
                 parts = [cupy.asarray(res[i]).view(cupy.uint8).reshape(-1) for i in range(n)]
                 sizes = [int(v) for v in res.buffer_sizes] if hasattr(res, "buffer_sizes") else \
                     [int(res[i].buffer_size) for i in range(n)]
             except (RuntimeError, ValueError, MemoryError) as e:
-                raise ChunkEncodeError(pipeline.array, keys[0] if n == 1 else f"{keys[0]} .. {keys[-1]}",
-                                       f"nvCOMP: {e}", compressor) from e
+                raise ChunkEncodeError(p.pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
             clock.lap("encode")
             offsets, total = [], 0
             for s in sizes:
@@ -264,14 +324,15 @@ def encode_batch_gpu(
         packed.get(out=host, stream=stream)
         stream.synchronize()
         clock.lap("d2h")
-        del res
+        p.res = p.dev_out = p.src = p.flat = p.raw = None  # the stream is done with them
         out = [host[o : o + s] for o, s in zip(offsets, sizes)]
         if compressor == "gzip":
+            plain = p.plain
             crc32 = list(decode_pool().map(lambda i: zlib.crc32(plain[i * nbytes : (i + 1) * nbytes]), range(n)))
             isize = (nbytes % (1 << 32)).to_bytes(4, "little")
             out = [b"".join((GZIP_HEADER, o, c.to_bytes(4, "little"), isize)) for o, c in zip(out, crc32)]
-    for _ in range(n_crc):
-        out = [b"".join((bytes(o), google_crc32c.value(bytes(o)).to_bytes(4, "little"))) for o in out]
+    for _ in range(p.n_crc):  # crc32c of the stored bytes: one copy per chunk (the join), not three
+        out = [b"".join((o, crc32c_value(o).to_bytes(4, "little"))) for o in out]
     clock.lap("host")
     return out
 

@@ -100,8 +100,11 @@ class CodecPipeline:
         return None if sink is not None else out  # type: ignore[return-value]
 
     # -- the write side ------------------------------------------------------------
-    def encode_chunk(self, chunk: np.ndarray, key: str) -> bytes:
-        """Encode one chunk (an array of the chunk's shape and dtype) into its stored bytes, on the CPU."""
+    def encode_chunk(self, chunk: np.ndarray, key: str) -> Any:
+        """Encode one chunk (an array of the chunk's shape and dtype) into its stored bytes, on the CPU.
+
+        ``bytes``, or a flat memoryview (which may share memory with ``chunk``) where the chain ends in one.
+        """
         codec = None
         try:
             data: Any = chunk
@@ -115,9 +118,10 @@ class CodecPipeline:
             raise
         except Exception as e:  # any encoder failure is reported against its chunk
             raise ChunkEncodeError(self.array, key, f"{type(e).__name__}: {e}", codec.name if codec else None) from e
-        return data if isinstance(data, bytes) else bytes(memoryview(data).cast("B"))
+        # a view, not a copy, where the chain ends in a buffer (e.g. no compressor): writers take any buffer
+        return data if isinstance(data, bytes) else memoryview(data).cast("B")
 
-    def encode_batch(self, chunks: Sequence[np.ndarray], keys: Sequence[str], pool: Executor) -> list[bytes]:
+    def encode_batch(self, chunks: Sequence[np.ndarray], keys: Sequence[str], pool: Executor) -> list[Any]:
         """Encode all ``chunks`` on the CPU, spread over ``pool``; the stored bytes in order."""
         if len(chunks) <= 1:
             return [self.encode_chunk(c, k) for c, k in zip(chunks, keys)]

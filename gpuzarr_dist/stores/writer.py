@@ -113,9 +113,26 @@ class LocalObjectWriter(ObjectWriter):
         self.array = array or self.root
         #: also fsync each file before the rename (survives power loss; slower, off by default like zarr-python)
         self.fsync = fsync
+        self._folders: set[str] = set()  # folders made already (per process: not pickled)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_folders": set()}
 
     def path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
+
+    def _create(self, folder: str, tmp: str) -> int:
+        """Open ``tmp`` (new) for writing; its folder is made once per writer, not once per object."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        folders = self.__dict__.setdefault("_folders", set())
+        if folder not in folders:
+            os.makedirs(folder, exist_ok=True)
+            folders.add(folder)
+        try:
+            return os.open(tmp, flags, 0o666)
+        except FileNotFoundError:  # the folder went away since (e.g. removed by hand): make it again
+            os.makedirs(folder, exist_ok=True)
+            return os.open(tmp, flags, 0o666)
 
     def put(self, key: str, data: Any, split: bool = False) -> int:
         """Write one object (a buffer, or a list of buffers end to end) atomically; ``split``: with several
@@ -126,8 +143,7 @@ class LocalObjectWriter(ObjectWriter):
         views = as_views(data)
         total = sum(len(v) for v in views)
         try:
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = self._create(folder, tmp)
             try:
                 if split and total > SPLIT_WRITE_BYTES and hasattr(os, "pwritev"):
                     futures = [io_pool().submit(_write_views, fd, g, off) for off, g in _pieces(views, WRITE_PIECE_BYTES)]

@@ -894,7 +894,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
     p.add_argument("--standby", type=int, default=None, help="warm children kept ready (default: 2 gpu, 1 cpu)")
-    p.add_argument("--stall", type=float, default=20.0, help="seconds without progress before a child counts as hung")
+    p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",
                    help="after the run, replay up to N crashes under compute-sanitizer memcheck")

@@ -125,3 +125,73 @@ def test_first_kernel_is_read_from_memcheck_reports():
     assert gf.first_kernel("=========     at 0x70 in /src/k.cu:12:lz4_block_length(const unsigned char *)") == \
         "lz4_block_length(const unsigned char *)"
     assert gf.first_kernel("========= ERROR SUMMARY: 0 errors") is None
+
+
+class _FakeGpu(gf.Decoder):
+    """Decodes like the GPU path reports: one error for the batch, naming the first bad chunk and listing the others."""
+
+    def __init__(self, seed, mode):
+        super().__init__("cpu", seed)
+        self.mode = mode
+
+    def decode(self, chain, chunks, keys):
+        from gpuzarr_dist.errors import ChunkDecodeError
+
+        got, bad = [], []
+        for b, k in zip(chunks, keys):
+            try:
+                got.append(gf.reference_decode(chain, b))
+            except Exception:  # noqa: BLE001
+                bad.append(k)
+                got.append(np.zeros(gf.CHAINS[chain]["shape"], gf.CHAINS[chain]["dtype"]))
+        if self.mode == "collateral" and bad:
+            got = [(g.view(np.uint8) ^ 1).view(g.dtype).reshape(g.shape) if k not in bad else g  # every good chunk wrong
+                   for g, k in zip(got, keys)]
+            return got
+        if bad:
+            first = keys[0] if self.mode == "misattribute" else bad[0]
+            more = f"; {len(bad) - 1} more bad chunk(s) in this block: {', '.join(bad[1:6])}" if len(bad) > 1 else ""
+            raise ChunkDecodeError("fake", first, "structure check (the CPU decoder agrees: x)" + more, "zstd")
+        return got
+
+
+def _multi(n):
+    """The cases of the batches of several damaged chunks that start before case ``n``."""
+    return [i for i in range(n + 8) if gf.batch_of(i)[2] - gf.batch_of(i)[1] > 1 and gf.batch_of(i)[1] < n]
+
+
+def _judge(mode, ids):
+    import io
+
+    journal = io.StringIO()
+    child = gf.Child(_FakeGpu(11, mode), journal)
+    for i in ids:
+        _, start, end = gf.batch_of(i)
+        if start == i:
+            child.run_batch(list(range(start, end)))
+    recs = [json.loads(line) for line in journal.getvalue().splitlines()]
+    return {r["case"]: r for r in recs if "case" in r}, recs
+
+
+def test_errors_listing_every_bad_chunk_judge_the_whole_batch():
+    ids = _multi(200)
+    final, recs = _judge("list", ids)
+    assert sorted(final) == ids
+    assert all(not r["outcome"].startswith(gf.FAILURES) for r in final.values())
+    assert any(r["detail"] == "listed in another chunk's error" for r in final.values())
+    stats = [r["stat"] for r in recs if "stat" in r]
+    assert stats and all(s == "error listing several chunks named every chunk the CPU rejects" for s in stats)
+
+
+@pytest.mark.parametrize("mode, outcome", [("misattribute", "misattributed"), ("collateral", "collateral")])
+def test_batch_failures_are_judged_again_one_damaged_chunk_at_a_time(mode, outcome):
+    ids = _multi(120)
+    final, recs = _judge(mode, ids)
+    assert sorted(final) == ids
+    failing = [i for i, r in final.items() if r["outcome"].startswith(outcome)]
+    assert failing and all(r["outcome"].startswith(("rejected", "decoded", outcome)) for r in final.values())
+    findings = [r for r in recs if "finding" in r]
+    assert findings and all(set(f["cases"]) <= set(ids) for f in findings)
+    # every case blamed was judged in a batch of its own, after the batch of several showed the failure
+    solo_tries = {r["try"][0] for r in recs if "try" in r and len(r["try"]) == 1}
+    assert set(failing) <= solo_tries

@@ -584,6 +584,8 @@ class Supervisor:
         self.pools: Pools | None = None
         self.crashes: list[str] = []
         self.aborted = False
+        self.between = 0  # children that ended outside a batch (a harness failure)
+        self.has_sanitizer = bool(args.sanitize) and sanitizer() is not None
 
     def spawn(self) -> subprocess.Popen:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--journal", self.journal,
@@ -604,9 +606,9 @@ class Supervisor:
     def run(self) -> None:
         """Hand out work to one child at a time until every case is judged or the time is up."""
         args = self.args
-        deadline = self.t0 + args.time - (self.sanitize_reserve() if args.sanitize else 0)
         start, solo, idle_children = 0, [], 0
         while start < args.cases or solo:
+            deadline = self.t0 + args.time - self.sanitize_reserve()  # time for memcheck replays of crashes so far
             if time.time() > deadline:
                 print(f"time limit reached at case {start}", flush=True)
                 break
@@ -646,11 +648,16 @@ class Supervisor:
         begun_alone = {t["try"][0] for t in recs if "try" in t and t.get("isolate")}
         solo = [i for i in job["solo"] if i not in begun_alone]
         start = job["start"]
+        _, b0, b1 = batch_of(last["try"][0])
+        unjudged = [i for i in range(max(b0, start), b1) if i not in judged]
+        if not [i for i in last["try"] if i not in judged]:  # died after judging its batch: no case to blame
+            self.between += 1
+            self.write({"finding": "crash", "cases": [], "detail": f"child ended ({lost or rc}) between batches"})
+            print(f"a child ended ({lost or rc}) between batches, after case {max(last['try'])}", flush=True)
+            return (start, solo) if last.get("isolate") else (b1, sorted(set(solo) | set(unjudged)))
         if last.get("isolate"):  # the culprit is known; the batches after the solos were not begun
             self.crash(last["try"][0], last["layout"], rc, lost)
             return start, solo
-        _, b0, b1 = batch_of(last["try"][0])
-        unjudged = [i for i in range(max(b0, start), b1) if i not in judged]
         if len(last["try"]) == 1:
             self.crash(last["try"][0], last["layout"], rc, lost)
             unjudged = [i for i in unjudged if i != last["try"][0]]
@@ -712,7 +719,11 @@ class Supervisor:
               f"[{(lost or rc)!s:.120}]", flush=True)
 
     def sanitize_reserve(self) -> float:
-        return self.args.sanitize_time if sanitizer() else 0.0
+        """Seconds kept for ``--sanitize``: ``--sanitize-time``/N per crash saved so far, up to N crashes."""
+        n = self.args.sanitize
+        if not n or not self.crashes or not self.has_sanitizer:
+            return 0.0
+        return self.args.sanitize_time * min(len(self.crashes), n) / n
 
     def close(self) -> None:
         for p in self.standbys:  # warm or warming, never given work: nothing to lose
@@ -896,7 +907,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",
                    help="after the run, replay up to N crashes under compute-sanitizer memcheck")
-    p.add_argument("--sanitize-time", type=float, default=60.0, help="seconds kept for --sanitize")
+    p.add_argument("--sanitize-time", type=float, default=60.0,
+                   help="seconds kept for --sanitize when N crashes are saved (a share of it per crash before)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--journal", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -918,6 +930,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.time() - sup.t0
     final, per_chain, by_check, stats, findings, examples = summarise(sup.journal)
     counts = collections.Counter(r["outcome"] for r in final.values())
+    if sup.between:
+        counts["crash: child ended between batches (harness)"] = sup.between
     for f in findings:
         if f["finding"] != "crash":  # a batch-only failure that no damaged chunk showed alone
             alone = [final.get(i, {}).get("outcome", "") for i in f["cases"]]

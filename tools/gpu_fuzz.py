@@ -3,7 +3,7 @@
 
 Usage (on a machine with a GPU, from the repository root)::
 
-    timeout 200 python3 tools/gpu_fuzz.py --cases 12000 --time 185 --sanitize 3 --out "$OUT/fuzz"
+    timeout 200 python3 tools/gpu_fuzz.py --cases 12000 --time 190 --sanitize 3 --out "$OUT/fuzz"
     python3 tools/gpu_fuzz.py --device cpu --cases 300 --out /tmp/fuzz   # the same harness, CPU decoding
     compute-sanitizer --tool memcheck python3 tools/gpu_fuzz.py --replay "$OUT/fuzz/crash-123.json"
 
@@ -21,8 +21,8 @@ an outer crc32c recompute the checksum after the damage half the time, so that
 the damage reaches the decoder. Nothing is generated up front or written to
 disk: a child process makes each case when it needs it.
 
-**Batches.** A batch holds one to four damaged chunks of one chain (one for
-chains whose damage reaches nVCOMP's zstd decoder, which does not validate its
+**Batches.** A batch holds one to three damaged chunks of one chain (one for
+chains whose damage reaches nvCOMP's zstd decoder, which does not validate its
 input, so that a crash names its case) and three good chunks, at positions
 drawn from the same seed, and goes through ``decode_batch_gpu`` (``--device
 cpu``: the CPU pipeline). Every damaged chunk is also decoded on the CPU
@@ -59,7 +59,8 @@ the batch's layout), and the next child carries on after it. Children warm up
 (imports, CUDA context, kernels, nvCOMP codecs) in advance (``--standby``), so
 a crash costs little time. ``--replay crash-<case>.json`` decodes that batch
 once, in this process, for ``compute-sanitizer``; ``--sanitize N`` does that for
-up to N crashes after the run (when ``compute-sanitizer`` is on the PATH),
+up to N crashes after the run (``compute-sanitizer`` from the PATH or the CUDA
+toolkit; ``--time`` keeps ``--sanitize-time`` for it once N crashes are saved),
 writes its output next to the case and prints the first kernel it reports.
 
 Prints a table of outcomes per chain, writes ``gpu_fuzz.json`` to ``--out`` and
@@ -370,7 +371,7 @@ class Decoder:
             self.stream = thread_stream()
 
     def warm_up(self) -> None:
-        """One batch of good chunks per chain: kernels compiled or loaded, nVCOMP codecs made, before any case."""
+        """One batch of good chunks per chain: kernels compiled or loaded, nvCOMP codecs made, before any case."""
         for chain in CHAINS:
             got = self.decode(chain, self.pools.good[chain], [f"c/{j}/0" for j in range(POOL)])
             if not all(_same(g, a) for g, a in zip(got, self.pools.arrays[chain])):
@@ -898,7 +899,7 @@ def _print(report: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=12000)
-    p.add_argument("--time", type=float, default=185.0, help="seconds for the whole run, --sanitize included")
+    p.add_argument("--time", type=float, default=190.0, help="seconds for the whole run, --sanitize included")
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")

@@ -56,20 +56,32 @@ def test_crash_and_hang_are_named_saved_and_replayable(tmp_path):
     size = [end - start for _, start, end in map(gf.batch_of, range(150))]
     alone = next(i for i in range(20, 150) if size[i] == 1)
     hang = next(i for i in range(60, 150) if size[i] > 1 and gf.batch_of(i)[1] < i)
-    p, report, out = _run(tmp_path, "--cases", "150", "--stall", "1.5",
-                          env={"GPU_FUZZ_SELFTEST_CRASH": str(alone), "GPU_FUZZ_SELFTEST_HANG": str(hang)})
+    fake = tmp_path / "bin"  # a stand-in compute-sanitizer: prints a memcheck finding, then runs the replay
+    fake.mkdir()
+    (fake / "compute-sanitizer").write_text('#!/bin/sh\necho "========= Invalid __global__ read of size 1 bytes"\n'
+                                            'echo "=========     at fake_kernel(int)+0x10"\nshift 4\nexec "$@"\n')
+    (fake / "compute-sanitizer").chmod(0o755)
+    p, report, out = _run(tmp_path, "--cases", "150", "--stall", "1.5", "--sanitize", "1",
+                          env={"GPU_FUZZ_SELFTEST_CRASH": str(alone), "GPU_FUZZ_SELFTEST_HANG": str(hang),
+                               "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}"})
     assert p.returncode == 1, p.stdout[-3000:]
     assert report["cases"] == 150  # every case judged, the others after each crash too
     assert report["outcomes"]["crash: child process ended (139)"] == 1
     assert report["outcomes"]["crash: child process ended (hung for 2 s, killed)"] == 1
     saved = [f"crash-{i}.{ext}" for i in (alone, hang) for ext in ("bin", "json")]
-    assert sorted(os.listdir(out)) == sorted(saved + ["gpu_fuzz.json", "gpu_fuzz_journal.jsonl"])
+    assert sorted(os.listdir(out)) == sorted(saved + ["gpu_fuzz.json", "gpu_fuzz_journal.jsonl",
+                                                      f"crash-{alone}.memcheck.txt"])
+    assert f"crash-{alone}.json: rc 0, first kernel: fake_kernel(int)" in p.stdout, p.stdout[-2000:]
+    assert [c["case"] for c in report["crashes"]] == [alone, hang]
+    assert report["crashes"][0]["memcheck_first_kernel"] == "fake_kernel(int)"
+    assert "replaying case" in (out / f"crash-{alone}.memcheck.txt").read_text()
     other = {k: v for k, v in report["outcomes"].items() if k.startswith(FAILURE_PREFIXES) and not k.startswith("crash")}
     assert not other, other
     assert [f["cases"] for f in report["batch_findings"]] == [list(range(gf.batch_of(hang)[1], gf.batch_of(hang)[2]))]
     meta = json.loads((out / f"crash-{hang}.json").read_text())
     case = gf.make_case(meta["seed"], hang, gf.Pools(meta["seed"]))
-    assert (out / f"crash-{hang}.bin").read_bytes() == case["data"] and meta["chain"] == case["chain"]
+    assert (out / f"crash-{hang}.bin").read_bytes() == case["data"] == bytes.fromhex(meta["data_hex"])
+    assert meta["chain"] == case["chain"]
     assert meta["layout"].count(["case", hang]) == 1 and len(meta["layout"]) == gf.GOOD_PER_BATCH + 1
     r = subprocess.run([sys.executable, TOOL, "--replay", str(out / f"crash-{hang}.json"), "--device", "cpu"],
                        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)

@@ -585,6 +585,7 @@ class Supervisor:
         self.pools: Pools | None = None
         self.crashes: list[str] = []
         self.aborted = False
+        self.crash_meta: list[dict] = []
         self.between = 0  # children that ended outside a batch (a harness failure)
         self.has_sanitizer = bool(args.sanitize) and sanitizer() is not None
 
@@ -712,7 +713,9 @@ class Supervisor:
         meta = {k: v for k, v in case.items() if k != "data"}
         meta.update(seed=self.args.seed, layout=layout, returncode=str(rc), lost=lost, nbytes=len(case["data"]),
                     chain_config=CHAINS[case["chain"]], device=self.args.device,
-                    replay=f"python3 tools/gpu_fuzz.py --replay {stem}.json --device {self.args.device}")
+                    replay=f"python3 tools/gpu_fuzz.py --replay {stem}.json --device {self.args.device}",
+                    data_hex=case["data"].hex())  # the .json alone replays it (the .bin may not travel)
+        self.crash_meta.append(meta)
         with open(stem + ".json", "w") as f:
             json.dump(meta, f, indent=1, default=str)
         self.crashes.append(stem + ".json")
@@ -767,8 +770,11 @@ def replay(path: str, device: str) -> int:
     stem = path[: -len(".json")] if path.endswith(".json") else path[: -len(".bin")] if path.endswith(".bin") else path
     with open(stem + ".json") as f:
         meta = json.load(f)
-    with open(stem + ".bin", "rb") as f:
-        data = f.read()
+    if "data_hex" in meta:
+        data = bytes.fromhex(meta["data_hex"])
+    else:
+        with open(stem + ".bin", "rb") as f:
+            data = f.read()
     dec = Decoder(device, int(meta["seed"]))
     chain = meta["chain"]
     layout = meta.get("layout") or [["case", meta["case"]]]
@@ -846,7 +852,9 @@ def sanitize(crashes: list[str], n: int, device: str, budget: float) -> list[dic
         with open(out, "w") as f:
             f.write(text)
         kernel = first_kernel(text)
-        results.append({"case": path, "returncode": str(rc), "first_kernel": kernel, "report": out})
+        excerpt = "\n".join([ln for ln in text.splitlines() if ln.startswith("=====")][:40])
+        results.append({"case": path, "returncode": str(rc), "first_kernel": kernel, "report": out,
+                        "excerpt": excerpt})
         print(f"memcheck {os.path.basename(path)}: rc {rc}, first kernel: {kernel or '(none reported)'}; see {out}",
               flush=True)
         budget -= time.time() - t
@@ -890,6 +898,10 @@ def _print(report: dict) -> None:
         print(f"  {v:7d}  {k}")
     for f in report["batch_findings"][:10]:
         print(f"  batch finding: {f['finding']} in cases {f['cases']}: {f['detail'][:160]}")
+    for meta in report.get("crashes", [])[:20]:
+        print(f"crash: case {meta['case']} ({meta['chain']}, {meta['kind']}, {meta['nbytes']} bytes, options "
+              f"{meta['options']}): {(meta['lost'] or meta['returncode'])[:120]}"
+              + (f"; memcheck: {meta['memcheck_first_kernel']}" if meta.get("memcheck_first_kernel") else ""))
     for k, rows in report["examples"].items():
         print(f"examples of {k!r}:")
         for r in rows:
@@ -942,10 +954,12 @@ def main(argv: list[str] | None = None) -> int:
               "cases_per_s": round(len(final) / max(seconds, 1e-9), 1), "device": args.device, "seed": args.seed,
               "outcomes": dict(counts), "per_chain": {c: dict(v) for c, v in per_chain.items()},
               "rejected_by_check": dict(by_check), "stats": dict(stats), "batch_findings": findings,
-              "examples": examples, "crash_files": sup.crashes}
+              "examples": examples, "crash_files": sup.crashes, "crashes": sup.crash_meta}
     if args.sanitize:
         left = max(10.0, sup.t0 + args.time - time.time())
         report["sanitize"] = sanitize(sup.crashes, args.sanitize, args.device, left)
+        for meta, san in zip(sup.crash_meta, report["sanitize"]):
+            meta["memcheck_first_kernel"] = san["first_kernel"]
     with open(os.path.join(args.out, "gpu_fuzz.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
     shutil.copy(sup.journal, os.path.join(args.out, "gpu_fuzz_journal.jsonl"))

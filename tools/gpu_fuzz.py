@@ -915,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
-    p.add_argument("--standby", type=int, default=None, help="warm children kept ready (default: 2 gpu, 1 cpu)")
+    p.add_argument("--standby", type=int, default=None, help="warm children kept ready (default: 3 gpu, 1 cpu)")
     p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",
@@ -930,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return run_child(args)
     if args.standby is None:
-        args.standby = 2 if args.device == "gpu" else 1
+        args.standby = 3 if args.device == "gpu" else 1
     os.makedirs(args.out, exist_ok=True)
     sup = Supervisor(args)
     sup.top_up()

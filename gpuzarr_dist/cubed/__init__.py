@@ -29,6 +29,7 @@ _LAZY = {
     "DistributedExecutor": "executor",
     "progress_bar": "progress",
     "TextProgress": "progress",
+    "OpTimings": "timing",
 }
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "CubedBackendError",
     "DistributedExecutor",
     "MemoryBudgetError",
+    "OpTimings",
     "TextProgress",
     "ThreadsExecutor",
     "default_reserved_mem",

@@ -30,6 +30,7 @@ _LAZY = {
     "progress_bar": "progress",
     "TextProgress": "progress",
     "OpTimings": "timing",
+    "optimize_dag": "fusion",
 }
 
 
@@ -56,6 +57,7 @@ __all__ = [
     "ThreadsExecutor",
     "default_reserved_mem",
     "from_zarr_gpu",
+    "optimize_dag",
     "progress_bar",
     "spec",
     "use_backend",

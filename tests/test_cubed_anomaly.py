@@ -159,3 +159,31 @@ def test_op_timings_rows(series, tmp_path):
     assert subtract["write_bytes"] == ref.nbytes and subtract["stored_bytes"] > 0
     text = format_rows(rows)
     assert subtract["op"] in text and "tasks" in text
+
+
+@pytest.mark.filterwarnings("ignore:.*structured.*:UserWarning", "ignore::zarr.errors.UnstableSpecificationWarning")
+def test_proxy_leaves_unknown_structured_arrays_to_cubed(tmp_path):
+    import zarr
+
+    from gpuzarr_dist.cubed import storage
+
+    class Proxy:  # a structured array opened as one zarr array (not a group of fields)
+        def __init__(self, arr):
+            self.array, self.chunks = arr, arr.chunks
+
+        def open(self):
+            return self.array
+
+    z = zarr.create_array(str(tmp_path / "st.zarr"), shape=(4,), chunks=(2,), dtype=[("n", "i8"), ("t", "f8")],
+                          fill_value=None)
+    p = storage.IntermediateProxy(Proxy(z), "cpu")
+    assert p.open() is z
+    plain = zarr.create_array(str(tmp_path / "p.zarr"), shape=(4,), chunks=(2,), dtype="f4")
+    plain[:] = np.arange(4, dtype="f4")
+    q = storage.IntermediateProxy(Proxy(plain), "cpu")
+    opened = q.open()
+    assert isinstance(opened, storage.IntermediateArray) and q.open() is opened  # opened once
+    np.testing.assert_array_equal(opened[1:3], np.array([1, 2], dtype="f4"))
+    import cloudpickle
+
+    assert cloudpickle.loads(cloudpickle.dumps(q))._opened is None  # reopened where it is unpickled

@@ -278,7 +278,12 @@ class IntermediateProxy:
         opened = self._opened
         if opened is None:
             z = self._proxy.open()
-            opened = IntermediateGroup(z, self.device) if _is_group(z) else IntermediateArray(z, self.device)
+            if _is_group(z):
+                opened = IntermediateGroup(z, self.device)
+            elif np.dtype(getattr(z, "dtype", None) or "V1").fields is not None or isinstance(z, dict):
+                opened = z  # a structured array some other storage backend opened: cubed's own handling
+            else:
+                opened = IntermediateArray(z, self.device)
             self._opened = opened
         return opened
 

@@ -65,6 +65,7 @@ def test_source_array_reads_like_zarr(series, tmp_path):
     np.testing.assert_array_equal(np.asarray((x[2:90:5, 1:29, :] * 2).compute()), ref[2:90:5, 1:29, :] * 2)
     src = x._zarray
     assert src.nbytes == ref.nbytes and src.dtype == ref.dtype and src.shape == ref.shape
+    assert src.nchunks == int(np.prod(x.numblocks))
 
 
 def test_structured_partials_go_through_our_paths(series, tmp_path, monkeypatch):

@@ -133,6 +133,11 @@ class SourceArray:
     def size(self) -> int:
         return int(math.prod(self.shape))
 
+    @property
+    def nchunks(self) -> int:
+        """Blocks (cubed's chunks), as cubed's plan summaries count them."""
+        return int(math.prod(-(-n // c) if c else 1 for n, c in zip(self.shape, self.chunks)))
+
     def __getitem__(self, selection: Any) -> Any:
         return self.reader[selection]
 

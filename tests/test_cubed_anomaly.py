@@ -158,6 +158,9 @@ def test_op_timings_rows(series, tmp_path):
     assert sum(r["write_bytes"] for r in rows) >= ref.nbytes
     subtract = max(rows, key=lambda r: r["write_bytes"])
     assert subtract["write_bytes"] == ref.nbytes and subtract["stored_bytes"] > 0
+    # time in block reads and writes is part of the time in tasks (threads executor: same process)
+    assert 0 < subtract["read_s"] and 0 < subtract["write_s"]
+    assert subtract["read_s"] + subtract["write_s"] <= subtract["task_s"] * 1.05 + 0.01
     text = format_rows(rows)
     assert subtract["op"] in text and "tasks" in text
 

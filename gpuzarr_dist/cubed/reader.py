@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..stores.source import open_source
 from .backend import use_backend
 from .memory import min_allowed
 from .spec import choose_device
+from .storage import add_seconds
 
 
 class MemoryBudgetError(GpuZarrError, ValueError):
@@ -139,7 +141,11 @@ class SourceArray:
         return int(math.prod(-(-n // c) if c else 1 for n, c in zip(self.shape, self.chunks)))
 
     def __getitem__(self, selection: Any) -> Any:
-        return self.reader[selection]
+        t0 = time.perf_counter()
+        try:
+            return self.reader[selection]
+        finally:
+            add_seconds("read_s", time.perf_counter() - t0)
 
     def __repr__(self) -> str:
         return f"SourceArray({self.reader.spec.name!r}, shape={self.shape}, chunks={self.chunks}, device={self.reader.device!r})"

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -58,6 +59,23 @@ def reset_write_stats() -> None:
     with _lock:
         for k in _stats:
             _stats[k] = 0
+
+
+_times = {"read_s": 0.0, "write_s": 0.0}
+
+
+def io_seconds() -> dict[str, float]:
+    """Seconds spent in this process in block reads (the source and intermediates) and intermediate/output
+    writes, summed over threads (host time in the call: on the GPU that includes the waits for
+    nvCOMP's results that the read and write paths make). :class:`~gpuzarr_dist.cubed.OpTimings` reports
+    them per operation."""
+    with _lock:
+        return dict(_times)
+
+
+def add_seconds(key: str, seconds: float) -> None:
+    with _lock:
+        _times[key] += seconds
 
 
 def _count(**inc: int) -> None:
@@ -163,12 +181,16 @@ class IntermediateArray:
         return r
 
     def __getitem__(self, selection: Any) -> Any:
+        t0 = time.perf_counter()
         try:
-            reader = self._reader()
-        except Exception as e:  # a chain our registry cannot decode: zarr reads it, with one warning
-            _warn_once(str(self._zarray.path), f"{self._zarray.path}: intermediate read through zarr-python ({e})")
-            return self._zarray[selection]
-        return reader[selection]
+            try:
+                reader = self._reader()
+            except Exception as e:  # a chain our registry cannot decode: zarr reads it, with one warning
+                _warn_once(str(self._zarray.path), f"{self._zarray.path}: intermediate read through zarr-python ({e})")
+                return self._zarray[selection]
+            return reader[selection]
+        finally:
+            add_seconds("read_s", time.perf_counter() - t0)
 
     def _writer(self) -> Any:
         """The array's :class:`~gpuzarr_dist.write.BlockWriter` (cached per process), or why there is none (a str)."""
@@ -194,6 +216,13 @@ class IntermediateArray:
 
     def __setitem__(self, selection: Any, value: Any) -> None:
         """Write one task's block: encoded in one batch and stored chunk by chunk by us, else by zarr-python."""
+        t0 = time.perf_counter()
+        try:
+            self._write(selection, value)
+        finally:
+            add_seconds("write_s", time.perf_counter() - t0)
+
+    def _write(self, selection: Any, value: Any) -> None:
         w = self._writer()
         if isinstance(w, str):
             _warn_once(f"write:{self._zarray.path}", f"{self._zarray.path}: intermediate written through "

@@ -64,7 +64,7 @@ class OpTimings(Callback):
             self.ops[name] = {"op": name, "kind": d.get("op_name", name), "tasks": int(op.num_tasks),
                               "projected_mem": int(op.projected_mem), "read_bytes": reads, "write_bytes": writes,
                               "tasks_done": 0, "task_s": 0.0, "wall_s": 0.0, "peak": 0, "stored_bytes": 0,
-                              "_start": None, "_stored0": None}
+                              "read_s": 0.0, "write_s": 0.0, "_start": None, "_stored0": None, "_io0": None}
             self._order.append(name)
 
     def on_operation_start(self, event: Any) -> None:
@@ -72,12 +72,16 @@ class OpTimings(Callback):
         if r is not None:
             r["_start"] = time.perf_counter()
             r["_stored0"] = _stored()
+            r["_io0"] = _io()
 
     def on_operation_end(self, event: Any) -> None:
         r = self.ops.get(event.name)
         if r is not None and r["_start"] is not None:
             r["wall_s"] += time.perf_counter() - r["_start"]
             r["stored_bytes"] += max(0, _stored() - (r["_stored0"] or 0))
+            io, io0 = _io(), r["_io0"] or {}
+            for k in ("read_s", "write_s"):
+                r[k] += max(0.0, io[k] - io0.get(k, 0.0))
             r["_start"] = None
 
     def on_task_end(self, event: Any) -> None:
@@ -106,14 +110,21 @@ def _stored() -> int:
     return int(write_stats()["bytes_stored"])
 
 
+def _io() -> dict[str, float]:
+    from .storage import io_seconds
+
+    return io_seconds()
+
+
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """A text table of :meth:`OpTimings.rows` (also used by ``bench cubed`` for rows read back from JSON)."""
     from dask.utils import format_bytes
 
-    lines = [f"  {'op':<14} {'kind':<16} {'tasks':>6} {'wall s':>8} {'task s':>8} {'read':>10} {'written':>10} "
-             f"{'stored':>10} {'peak/task':>10}"]
+    lines = [f"  {'op':<14} {'kind':<16} {'tasks':>6} {'wall s':>8} {'task s':>8} {'in reads':>8} {'in writes':>9} "
+             f"{'read':>10} {'written':>10} {'stored':>10} {'peak/task':>10}"]
     for r in rows:
         lines.append(f"  {r['op']:<14} {str(r['kind'])[:16]:<16} {r['tasks']:>6} {r['wall_s']:>8.3f} "
-                     f"{r['task_s']:>8.3f} {format_bytes(r['read_bytes']):>10} {format_bytes(r['write_bytes']):>10} "
+                     f"{r['task_s']:>8.3f} {r.get('read_s', 0.0):>8.3f} {r.get('write_s', 0.0):>9.3f} "
+                     f"{format_bytes(r['read_bytes']):>10} {format_bytes(r['write_bytes']):>10} "
                      f"{format_bytes(r['stored_bytes']):>10} {format_bytes(r['peak']):>10}")
     return "\n".join(lines)

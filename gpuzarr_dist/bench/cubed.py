@@ -103,6 +103,8 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
             cbs = [Peaks()] + ([gc.progress_bar()] if progress else [])
             x = gc.from_zarr_gpu(src, spec=s)
+            # SourceArray: the source is a plan input; anything else: this cubed got the map_blocks read op
+            res["source"] = f"{type(getattr(x, '_zarray', None)).__name__}, cubed {cubed.__version__}"
             t = time.perf_counter()
             m = xp.mean(x, axis=0).compute(callbacks=cbs)
             res["mean_s"] = time.perf_counter() - t
@@ -290,7 +292,7 @@ def format_result(res: dict) -> str:
             if oc.get(key):
                 tasks = sum(r["tasks"] for r in oc[key] if r["kind"] != "create-arrays")
                 lines.append(f"Cubed variant's anomaly per operation ({what}; blocks {oc.get('blocks')}, "
-                             f"{tasks} tasks):")
+                             f"{tasks} tasks; source {oc.get('source')}):")
                 lines.append(format_rows(oc[key]))
         if dk and dk.get("anomaly_tasks"):
             lines.append(f"dask path's anomaly: {dk['anomaly_tasks']} tasks in the graph, blocks {dk.get('blocks')}")

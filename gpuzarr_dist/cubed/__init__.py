@@ -29,6 +29,8 @@ _LAZY = {
     "DistributedExecutor": "executor",
     "progress_bar": "progress",
     "TextProgress": "progress",
+    "OpTimings": "timing",
+    "optimize_dag": "fusion",
 }
 
 
@@ -50,10 +52,12 @@ __all__ = [
     "CubedBackendError",
     "DistributedExecutor",
     "MemoryBudgetError",
+    "OpTimings",
     "TextProgress",
     "ThreadsExecutor",
     "default_reserved_mem",
     "from_zarr_gpu",
+    "optimize_dag",
     "progress_bar",
     "spec",
     "use_backend",

@@ -100,7 +100,7 @@ def main() -> int:
 
             blocks: dict[str, dict] = {}
             gpu_encodes = []
-            orig_write, orig_gpu = write.BlockWriter.write, write_gpu.encode_block_gpu
+            orig_write, orig_gpu = write.BlockWriter.write, write_gpu.gpu_block_encoder
 
             def spy_write(self, block, start):
                 assert isinstance(block, cupy.ndarray), f"{self.spec.name}: a {type(block)} block, not cupy"
@@ -114,7 +114,7 @@ def main() -> int:
 
             storage.IntermediateArray.__getitem__ = spy
             write.BlockWriter.write = spy_write
-            write_gpu.encode_block_gpu = spy_gpu
+            write_gpu.gpu_block_encoder = spy_gpu
             storage.reset_write_stats()
             try:
                 x = gc.from_zarr_gpu(p, spec=s)
@@ -136,7 +136,7 @@ def main() -> int:
                 assert len(big_writes) == 1, f"x copied into an intermediate: {ops.table()}"
             finally:
                 storage.IntermediateArray.__getitem__ = orig
-                write.BlockWriter.write, write_gpu.encode_block_gpu = orig_write, orig_gpu
+                write.BlockWriter.write, write_gpu.gpu_block_encoder = orig_write, orig_gpu
             ws = storage.write_stats()
             m = m.get() if hasattr(m, "get") else np.asarray(m)
             r = big.astype("f8").mean(0)

@@ -36,8 +36,11 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     ``to_zarr_gpu``: a block's chunks are encoded and written in sub-batches of
     about this many bytes of uncompressed input (whole chunks or shards), so
     that the encode of one sub-batch (on the GPU, or the CPU encode threads)
-    overlaps the file writes of the previous one. Default ``"64 MiB"``;
-    ``None`` or ``0`` encodes each block in one batch (no overlap).
+    overlaps the file writes of the previous one. Default ``None``: each block
+    is encoded in one batch (no overlap). Measured on an H200 (``bench write``,
+    600 x 4.15 MB chunks, 16 threads): 64 MiB sub-batches wrote 1.65 GB/s,
+    against 2.92-3.59 GB/s for whole-block batches, because nvCOMP's zstd
+    encode is slower with fewer chunks per call; set a size to try it.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ def io_retry_delay() -> float:
     return max(0.0, float(dask.config.get("gpuzarr.io-retry-delay")))
 
 
-dask.config.update_defaults({"gpuzarr": {"write": {"batch-size": "64 MiB"}}})
+dask.config.update_defaults({"gpuzarr": {"write": {"batch-size": None}}})
 
 
 def write_batch_bytes() -> int | None:

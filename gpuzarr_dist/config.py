@@ -10,6 +10,17 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     on the GPU (nvCOMP needs dozens of chunks per call to keep a GPU busy).
 ``gpuzarr.io-threads``
     Threads that read chunk files per process (shared by all tasks). Default 16.
+``gpuzarr.local-reads``
+    How a block's chunk files are read from a local disk: ``kvikio`` (kvikio's
+    C++ thread pool), ``threads`` (``preadv`` on the shared I/O threads),
+    ``inline`` (``preadv`` one file after another on the task's own thread: with
+    as many tasks in flight as cores, the reads are already parallel), or
+    ``auto`` (default: kvikio where installed, else ``threads``). Measured on
+    one H200 (time mean of 1600 x 4.15 MB zstd chunks, blocks of 64, warm):
+    with 16 dask threads ``inline`` was 7-8% faster than kvikio in three runs
+    (e.g. 14.54 against 13.55 GB/s), with 8 threads kvikio was faster (14.19
+    against 13.06), and one block alone reads far faster through kvikio, so
+    the default stays.
 ``gpuzarr.decode-threads``
     Threads that decode chunks on the CPU device per process. Default: CPU count.
 ``gpuzarr.shards.merge-gap`` / ``gpuzarr.shards.max-range``
@@ -53,6 +64,7 @@ DEFAULTS: dict = {
     "gpuzarr": {
         "block-size": {"cpu": "128 MiB", "gpu": "256 MiB"},
         "io-threads": 16,
+        "local-reads": "auto",
         "decode-threads": None,
         "shards": {"merge-gap": None, "max-range": "16 MiB", "local-reads": "preadv"},
         "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60},
@@ -73,6 +85,17 @@ def block_size_bytes(device: str) -> int:
 
 def io_threads() -> int:
     return max(1, int(dask.config.get("gpuzarr.io-threads")))
+
+
+LOCAL_READS = ("auto", "kvikio", "threads", "inline")
+
+
+def local_reads() -> str:
+    """``gpuzarr.local-reads``: how a block's chunk files are read (see the module docstring)."""
+    v = str(dask.config.get("gpuzarr.local-reads", "auto")).lower()
+    if v not in LOCAL_READS:
+        raise ValueError(f"gpuzarr.local-reads must be one of {', '.join(LOCAL_READS)}, not {v!r}")
+    return v
 
 
 def decode_threads() -> int:

@@ -48,6 +48,15 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
+    timed("read files")
+    _decode_place(reader, plan, out, host, keys, offsets, sizes, stream, timed)
+    return out
+
+
+def _decode_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, keys, offsets, sizes,
+                  stream: cupy.cuda.Stream, timed) -> None:
+    """Copy the staged chunks up, decode them in one batch and place them into ``out``; returns once done."""
+    spec, pipeline = reader.spec, reader.pipeline
     present = [i for i, n in enumerate(sizes) if n >= 0]
     for i, n in enumerate(sizes):
         if n < 0:
@@ -61,7 +70,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
             [keys[i] for i in present],
             stream,
         )
-        timed("read + H2D + decode")
+        timed("H2D + decode")
         if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
             _place_grid(out, chunks, spec.chunk_shape)
         elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and _unit_step_grid(plan):
@@ -72,7 +81,6 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     timed("place")
-    return out
 
 
 def _unit_step_grid(plan: Plan) -> bool:

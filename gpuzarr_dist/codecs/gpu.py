@@ -379,7 +379,7 @@ def decode_batch_gpu(
 
     from ..runtime.cuda import align
 
-    timed = stage_timer()  # sub-stages of the reader's "read + H2D + decode" (opt-in, see ..stages)
+    timed = stage_timer()  # sub-stages of the reader's "H2D + decode" (opt-in, see ..stages)
     n = len(keys)
     stored_sizes, sizes = sizes, list(sizes)
     _verify_crc32c(pipeline, host, offsets, sizes, keys)

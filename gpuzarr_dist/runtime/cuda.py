@@ -90,3 +90,4 @@ def pinned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     dtype = np.dtype(dtype)
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     return pinned_staging(n).view(dtype).reshape(shape)
+

@@ -13,7 +13,7 @@ from .base import ChunkStore, check_key, staging_layout
 from .ranges import ByteRange, MergedRead
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
-from ..config import io_threads
+from ..config import io_threads, local_reads
 from ..stages import stage_timer
 from ..runtime.threads import io_pool
 
@@ -100,7 +100,8 @@ class LocalChunkStore(ChunkStore):
         Python thread per read, so no GIL hand-offs between reads), otherwise
         with ``preadv`` on the shared I/O threads.
         """
-        kvikio = _kvikio()
+        mode = local_reads()
+        kvikio = _kvikio() if mode in ("auto", "kvikio") else None
         if kvikio is not None:
             return self._read_into_kvikio(kvikio, keys, staging, align, lead)
         timed = stage_timer()
@@ -130,10 +131,11 @@ class LocalChunkStore(ChunkStore):
                 if got != n:  # failed or short: again, with a fresh handle and the retry policy
                     self._read_slot(keys[i], view[off : off + n], n)
 
-            if len(keys) > 1:
+            if len(keys) > 1 and mode != "inline":
                 list(io_pool().map(one, range(len(keys))))
-            elif keys:
-                one(0)
+            else:
+                for i in range(len(keys)):
+                    one(i)
             timed("files: reads")
             return buf, offsets, sizes
         finally:

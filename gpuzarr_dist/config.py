@@ -123,3 +123,25 @@ def write_batch_bytes() -> int | None:
         return None
     n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
     return n if n > 0 else None
+
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"zstd-check": "headers"}}})
+
+#: values of ``gpuzarr.gpu.zstd-check`` (see README, "Reliability")
+ZSTD_CHECKS = ("headers", "sequences")
+
+
+def zstd_check() -> str:
+    """``gpuzarr.gpu.zstd-check``: how deeply zstd frames are checked on the GPU before nvCOMP sees them.
+
+    ``"headers"`` (default): frame and block headers, literals and sequences
+    section headers, Huffman tree descriptions (weights decoded in full), FSE
+    table descriptions and the end markers of every bit stream. ``"sequences"``:
+    also decodes every sequence's codes (no output), so that offsets, lengths
+    and the bit stream's exact length are checked too; about 30x the work of
+    ``"headers"`` (2.8 ms against 0.08 ms per 3 MiB chunk on one CPU thread).
+    """
+    v = str(dask.config.get("gpuzarr.gpu.zstd-check", "headers")).strip().lower()
+    if v not in ZSTD_CHECKS:
+        raise ValueError(f"gpuzarr.gpu.zstd-check must be one of {', '.join(ZSTD_CHECKS)}, not {v!r}")
+    return v

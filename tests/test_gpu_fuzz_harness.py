@@ -207,3 +207,25 @@ def test_batch_failures_are_judged_again_one_damaged_chunk_at_a_time(mode, outco
     # every case blamed was judged in a batch of its own, after the batch of several showed the failure
     solo_tries = {r["try"][0] for r in recs if "try" in r and len(r["try"]) == 1}
     assert set(failing) <= solo_tries
+
+
+def test_lanes_split_the_cases_and_still_name_crashes_and_hangs_exactly(tmp_path):
+    """Two lanes side by side: every case judged once, a crash in one lane and a hang in the other each named."""
+    n = 2 * gf._ROUND_SIZE + 10  # the second lane starts at a round boundary and gets the rest
+    size = [end - start for _, start, end in map(gf.batch_of, range(n))]
+    alone = next(i for i in range(5, gf._ROUND_SIZE) if size[i] == 1)  # lane 0
+    hang = next(i for i in range(2 * gf._ROUND_SIZE - 20, n) if size[i] == 1)  # lane 1
+    p, report, out = _run(tmp_path, "--cases", str(n), "--lanes", "2", "--stall", "1.5",
+                          env={"GPU_FUZZ_SELFTEST_CRASH": str(alone), "GPU_FUZZ_SELFTEST_HANG": str(hang)})
+    assert p.returncode == 1, p.stdout[-3000:]
+    assert report["lanes"] == 2 and report["cases"] == n
+    assert sorted(c["case"] for c in report["crashes"]) == sorted([alone, hang])
+    assert report["outcomes"]["crash: child process ended (139)"] == 1
+    assert report["outcomes"]["crash: child process ended (hung for 2 s, killed)"] == 1
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("SUMMARY "))
+    fields = dict(kv.split("=") for kv in line.split()[1:])
+    assert fields["cases"] == str(n) and fields["chains"] == str(len(gf.CHAINS))
+    assert fields["crashes"] == "1" and fields["hangs"] == "1" and fields["wrong-values"] == "0"
+    assert int(fields["reported-errors"]) == sum(v for k, v in report["outcomes"].items() if k.startswith("rejected"))
+    journal = [json.loads(ln) for ln in (out / "gpu_fuzz_journal.jsonl").read_text().splitlines()]
+    assert len({r["case"] for r in journal if "outcome" in r}) == n

@@ -29,14 +29,15 @@ static D blockIdx, threadIdx, blockDim;
 #define __global__
 #define __device__ static
 """ + ZSTD_FRAMES_SRC + r"""
-int main() {
+int main(int argc, char** argv) {
     unsigned int n;
+    int mode = argc > 1 ? atoi(argv[1]) : 0;
     blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
     while (fread(&n, 4, 1, stdin) == 1) {
         unsigned char* buf = (unsigned char*)malloc(n ? n : 1);
         if (n && fread(buf, 1, n, stdin) != n) return 2;
         long long off = 0, size = n, fcs, len; int deep;
-        zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep);
+        zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
         printf("%lld %lld %d\n", fcs, len, deep);
         free(buf);
     }
@@ -60,9 +61,9 @@ def walk(tmp_path_factory):
     else:
         pytest.fail("the kernel source does not compile as C++")
 
-    def run(frames: list[bytes]) -> list[tuple[int, int, int]]:
+    def run(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int]]:
         payload = b"".join(struct.pack("<I", len(f)) + f for f in frames)
-        r = subprocess.run([str(exe)], input=payload, capture_output=True, timeout=300)
+        r = subprocess.run([str(exe), str(mode)], input=payload, capture_output=True, timeout=300)
         assert r.returncode == 0, r.stderr.decode(errors="replace")[-4000:]
         return [tuple(map(int, line.split())) for line in r.stdout.decode().splitlines()]
 
@@ -151,7 +152,7 @@ def test_mutated_frames_never_read_out_of_bounds_and_flags_agree_with_libzstd(wa
     assert counts["flagged, libzstd decodes it (decoded on the CPU)"] <= len(cases) // 200
 
 
-def _device_walk(frames: list[bytes]) -> list[tuple[int, int, int]]:
+def _device_walk(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int]]:
     """The same walk on the GPU, through the kernel the decoder launches (frames at 256-byte aligned offsets)."""
     import cupy
 
@@ -169,22 +170,23 @@ def _device_walk(frames: list[bytes]) -> list[tuple[int, int, int]]:
     deep = cupy.empty(n, dtype=cupy.int32)
     _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (
         dev, cupy.asarray(np.asarray(offsets, dtype=np.int64)), cupy.asarray(np.asarray(sizes, dtype=np.int64)),
-        np.int32(n), fcs, length, deep))
+        np.int32(n), fcs, length, deep, np.int32(mode)))
     return list(zip(fcs.get().tolist(), length.get().tolist(), deep.get().tolist()))
 
 
 @pytest.mark.gpu
-def test_device_walk_agrees_with_libzstd_and_with_the_host_build():
+@pytest.mark.parametrize("mode", [0, 1], ids=["headers", "sequences"])
+def test_device_walk_agrees_with_libzstd_and_with_the_host_build(mode):
     rng = np.random.default_rng(1)
     valid, sizes = [], []
     for size in [0, 100, 65536, 300_000]:
         for make in _payloads(rng).values():
             valid.append(numcodecs.Zstd(level=3).encode(make(size)))
             sizes.append(size)
-    assert _device_walk(valid) == [(s, len(f), 0) for s, f in zip(sizes, valid)]
+    assert _device_walk(valid, mode) == [(s, len(f), 0) for s, f in zip(sizes, valid)]
     base = [(numcodecs.Zstd(level=lv).encode(make(n)), n) for n in (1000, 65536) for make in _payloads(rng).values() for lv in (1, 19)]
     cases = [(_mutate(rng, f), n) for f, n in (base[i] for i in rng.integers(len(base), size=2000))]
-    results = _device_walk([f for f, _ in cases])
+    results = _device_walk([f for f, _ in cases], mode)
     for (frame, n), (fcs, length, deep) in zip(cases, results):
         if fcs == n and length == len(frame) and deep == 0:
             continue
@@ -208,5 +210,128 @@ def test_device_walk_agrees_with_libzstd_and_with_the_host_build():
                 fh.write(HARNESS)
             subprocess.run([cxx, "-O1", "-o", exe, src], check=True)
             payload = b"".join(struct.pack("<I", len(f)) + f for f, _ in cases)
-            out = subprocess.run([exe], input=payload, capture_output=True, check=True).stdout.decode().splitlines()
+            out = subprocess.run([exe, str(mode)], input=payload, capture_output=True, check=True).stdout.decode().splitlines()
         assert [tuple(map(int, line.split())) for line in out] == results
+
+
+# ---------------------------------------------------------------- the entropy checks (issue 9): both modes
+
+MODES = {"headers": 0, "sequences": 1}
+
+
+def _libzstd_verdict(frame: bytes, n: int) -> str:
+    """"ok", "checksum" (the data decodes but its content checksum differs) or "rejected"."""
+    try:
+        return "ok" if len(numcodecs.Zstd().decode(frame)) == n else "rejected"
+    except Exception as e:  # noqa: BLE001 - whatever libzstd raises is a rejection
+        return "checksum" if "checksum" in str(e) else "rejected"
+
+
+def _libzstd_ok(frame: bytes, n: int) -> bool:
+    return _libzstd_verdict(frame, n) == "ok"
+
+
+@pytest.mark.parametrize("mode", MODES.values(), ids=MODES.keys())
+def test_no_false_positives_at_every_level_checksum_and_block_count(walk, mode):
+    """Every level libzstd has (-5..22), with and without checksum, empty to multi-block, RLE to incompressible."""
+    rng = np.random.default_rng(7)
+    frames, sizes = [], []
+    makers = {**_payloads(rng), "rle-run": lambda n: b"\x07" * n,
+              "runs": lambda n: bytes(np.repeat(rng.integers(0, 256, n // 50 + 1, dtype=np.uint8), 50)[:n])}
+    for level in range(-5, 23):
+        for size in (0, 1, 300, 5000, 70_000) + ((140_000, 400_000) if level < 15 else ()):
+            for j, make in enumerate(makers.values()):
+                if (level + size + j) % 3:  # a third of the grid, every level and every payload kept
+                    continue
+                frames.append(numcodecs.Zstd(level=level, checksum=bool((level + j) % 2)).encode(make(size)))
+                sizes.append(size)
+    results = walk(frames, mode)
+    bad = [(s, len(f), r) for s, f, r in zip(sizes, frames, results) if r != (s, len(f), 0)]
+    assert len(frames) > 250 and bad == []
+
+
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
+
+
+@hypothesis.settings(max_examples=15, deadline=None, suppress_health_check=list(hypothesis.HealthCheck))
+@hypothesis.given(pieces=st.lists(st.tuples(st.sampled_from(["bytes", "repeat", "text", "zeros"]),
+                                            st.binary(min_size=1, max_size=64), st.integers(1, 6000)),
+                                  min_size=0, max_size=12),
+                  level=st.integers(-5, 22), checksum=st.booleans())
+def test_no_false_positives_on_generated_data(walk, pieces, level, checksum):
+    """Data built from hypothesis' pieces (literal runs, repeats at many distances, zeros): never flagged."""
+    parts = []
+    for kind, b, n in pieces:
+        parts.append(b if kind == "bytes" else bytes(n) if kind == "zeros" else (b * (n // len(b) + 1))[:n]
+                     if kind == "repeat" else b" ".join([b.hex().encode()] * (n // 64 + 1)))
+    data = b"".join(parts)
+    frames = [numcodecs.Zstd(level=lv, checksum=checksum).encode(data) for lv in (level, 1, 19)]
+    for mode in MODES.values():
+        assert walk(frames, mode) == [(len(data), len(f), 0) for f in frames]
+
+
+def _mutated_cases(seed: int, n: int) -> list[tuple[bytes, int]]:
+    rng = np.random.default_rng(seed)
+    base = []
+    for size in [100, 1000, 6000, 65536, 200_000]:
+        for make in _payloads(rng).values():
+            for level in (-3, 1, 9, 19):
+                base.append((numcodecs.Zstd(level=level, checksum=level == 9).encode(make(size)), size))
+    return [(_mutate(rng, f), k) for f, k in (base[i] for i in rng.integers(len(base), size=n))]
+
+
+def test_what_either_mode_rejects_libzstd_rejects_and_sequences_catch_more(walk):
+    """Mutated frames (bit flips, byte edits, truncation, header and block edits): the walk's rejections are
+    libzstd's, and the share of libzstd's rejections (among frames that would reach nvCOMP) caught is reported."""
+    cases = _mutated_cases(11, 2500)
+    frames = [f for f, _ in cases]
+    cpu = [_libzstd_verdict(f, n) for f, n in cases]
+    caught = {}
+    for name, mode in MODES.items():
+        counts: collections.Counter = collections.Counter()
+        for (frame, n), verdict, (fcs, length, deep) in zip(cases, cpu, walk(frames, mode)):
+            if fcs == -1 or (fcs == n and 0 <= length < len(frame)):
+                continue  # decoded on the CPU whatever the walk says
+            rejected = fcs != n or length != len(frame) or deep != 0
+            assert not (rejected and verdict == "ok"), f"{name}: rejects a frame libzstd decodes: {frame[:32].hex()}"
+            if verdict == "checksum":  # sound structure, wrong content: the device's XXH64 check after nvCOMP
+                counts["checksum only, caught" if rejected else "checksum only, to the XXH64 check"] += 1
+            elif verdict == "rejected":
+                counts["caught" if rejected else "reaches nvCOMP"] += 1
+        caught[name] = counts["caught"] / max(1, counts["caught"] + counts["reaches nvCOMP"])
+        print(f"{name}: of {counts['caught'] + counts['reaches nvCOMP']} mutated frames libzstd rejects as corrupt "
+              f"(that nvCOMP would get), the walk catches {counts['caught']} ({caught[name]:.1%}); "
+              f"content checksum mismatches only: {dict((k, v) for k, v in counts.items() if 'checksum' in k)}")
+    assert caught["headers"] > 0.8 and caught["sequences"] > 0.97 and caught["sequences"] > caught["headers"]
+
+
+def _frame_with_compressed_block(rng: np.random.Generator) -> tuple[bytes, int, int]:
+    """A frame of one compressed block with Huffman literals and FSE sequences, and that block's offset."""
+    data = (b"gpuzarr %d " * 900 % tuple(rng.integers(0, 10**6, 900)))[:8000]
+    frame = numcodecs.Zstd(level=19).encode(data)
+    desc = frame[4]
+    pos = 5 + (0 if desc & 0x20 else 1) + [0, 1, 2, 4][desc & 3] + ([1 if desc & 0x20 else 0, 2, 4, 8][desc >> 6])
+    h = int.from_bytes(frame[pos : pos + 3], "little")
+    assert (h >> 1) & 3 == 2, "expected one compressed block"
+    return frame, len(data), pos + 3
+
+
+def test_targeted_damage_is_named_by_the_check_that_catches_it(walk):
+    """Hand-made damage to each entropy structure gives its own reason code (and libzstd rejects it too)."""
+    from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS
+
+    rng = np.random.default_rng(3)
+    frame, n, blk = _frame_with_compressed_block(rng)
+    assert walk([frame], 1) == [(n, len(frame), 0)]
+    b = bytearray(frame)
+    assert b[blk] & 3 == 2, "expected Huffman-compressed literals"
+    b[-1] = 0  # the sequences bit stream's last byte holds its end marker
+    damaged = {"zero last byte": (bytes(b), {17})}
+    b = bytearray(frame)
+    b[blk + (3 if (b[blk] >> 2) & 3 < 2 else (b[blk] >> 2 & 3) + 2)] = 0xFF  # the Huffman tree header byte
+    damaged["tree header"] = (bytes(b), {4, 7})
+    got = walk([f for f, _ in damaged.values()], 1)
+    for (name, (f, codes)), (fcs, length, deep) in zip(damaged.items(), got):
+        assert deep in codes, (name, deep, ZSTD_DEEP_REASONS.get(deep))
+        assert not _libzstd_ok(f, n), name

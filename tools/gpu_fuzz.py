@@ -3,7 +3,7 @@
 
 Usage (on a machine with a GPU, from the repository root)::
 
-    timeout 200 python3 tools/gpu_fuzz.py --cases 12000 --time 190 --sanitize 3 --out "$OUT/fuzz"
+    timeout 260 python3 tools/gpu_fuzz.py --cases 12000 --time 240 --sanitize 3 --out "$OUT/fuzz"
     python3 tools/gpu_fuzz.py --device cpu --cases 300 --out /tmp/fuzz   # the same harness, CPU decoding
     compute-sanitizer --tool memcheck python3 tools/gpu_fuzz.py --replay "$OUT/fuzz/crash-123.json"
 
@@ -49,7 +49,15 @@ not gpuzarr_dist's own pipeline) and judged against it:
 - *crashes*: the process died or hung (``--stall``), or the CUDA context was
   lost (checked with ``cudaDeviceSynchronize`` after every batch).
 
-**Crashes.** One long-lived child judges batches until it is done, its time is
+**Lanes.** ``--lanes N`` (default on the GPU: min(6, CPUs/2)) splits the
+cases into N ranges of whole rounds, each run by its own supervisor thread,
+children and journal, side by side on the one GPU: the work per batch is
+mostly Python and the CPU reference decode, so one child at a time left the
+GPU idle. ``--zstd-check`` sets ``gpuzarr.gpu.zstd-check`` for the decoders
+(default ``sequences``). The run ends with a ``SUMMARY`` line (cases, chains,
+rejected by the zstd walk, reported errors, wrong values, crashes, hangs).
+
+**Crashes.** In each lane, one long-lived child judges batches until it is done, its time is
 up, or it dies. Before each batch it appends the case ids to a journal (a line,
 written through at once), so when it dies the supervisor knows the batch; a
 batch of several damaged chunks is then run again one chunk per batch in the
@@ -574,8 +582,11 @@ def run_child(args: argparse.Namespace) -> int:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace):
+    """Runs the cases ``[lo, hi)`` (whole rounds) through one child at a time, children replaced as they die."""
+
+    def __init__(self, args: argparse.Namespace, lo: int = 0, hi: int | None = None):
         self.args = args
+        self.lo, self.hi = lo, args.cases if hi is None else hi
         self.t0 = time.time()
         self.work = tempfile.mkdtemp(prefix="gpu_fuzz_")
         self.journal = os.path.join(self.work, "journal.jsonl")
@@ -608,8 +619,8 @@ class Supervisor:
     def run(self) -> None:
         """Hand out work to one child at a time until every case is judged or the time is up."""
         args = self.args
-        start, solo, idle_children = 0, [], 0
-        while start < args.cases or solo:
+        start, solo, idle_children = self.lo, [], 0
+        while start < self.hi or solo:
             deadline = self.t0 + args.time - self.sanitize_reserve()  # time for memcheck replays of crashes so far
             if time.time() > deadline:
                 print(f"time limit reached at case {start}", flush=True)
@@ -618,7 +629,7 @@ class Supervisor:
             self.children += 1
             self.top_up()
             mark = os.path.getsize(self.journal)
-            job = {"start": start, "end": args.cases, "solo": solo, "deadline": deadline}
+            job = {"start": start, "end": self.hi, "solo": solo, "deadline": deadline}
             child.stdin.write(json.dumps(job) + "\n")
             child.stdin.flush()
             rc = self.watch(child, mark)
@@ -733,6 +744,68 @@ class Supervisor:
         for p in self.standbys:  # warm or warming, never given work: nothing to lose
             p.kill()
             p.wait()
+
+
+class Lanes:
+    """Several :class:`Supervisor` side by side (``--lanes``), each over its own range of whole rounds of cases.
+
+    The decode of one batch is a few milliseconds of GPU work and many more of
+    Python and CPU reference decoding, so one child at a time left the GPU
+    and the host's cores mostly idle. Each lane keeps its own journal and its
+    own children, so a crash or hang still names its case exactly and costs
+    only that lane a restart; the journals are joined at the end.
+    """
+
+    def __init__(self, args: argparse.Namespace):
+        rounds = -(-args.cases // _ROUND_SIZE)
+        per = -(-rounds // max(1, args.lanes))
+        self.sups = [Supervisor(args, lo, min(args.cases, lo + per * _ROUND_SIZE))
+                     for lo in range(0, args.cases, per * _ROUND_SIZE)]
+        self.t0 = min(s.t0 for s in self.sups)
+        self.journal = self.sups[0].journal if len(self.sups) == 1 else os.path.join(
+            tempfile.mkdtemp(prefix="gpu_fuzz_"), "journal.jsonl")
+
+    def top_up(self) -> None:
+        for s in self.sups:
+            s.top_up()
+
+    def run(self) -> None:
+        import threading
+
+        threads = [threading.Thread(target=s.run, name=f"lane-{k}") for k, s in enumerate(self.sups)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if len(self.sups) > 1:
+            with open(self.journal, "wb") as out:
+                for s in self.sups:
+                    with open(s.journal, "rb") as f:
+                        shutil.copyfileobj(f, out)
+
+    def close(self) -> None:
+        for s in self.sups:
+            s.close()
+
+    children = property(lambda self: sum(s.children for s in self.sups))
+    between = property(lambda self: sum(s.between for s in self.sups))
+    aborted = property(lambda self: any(s.aborted for s in self.sups))
+    crashes = property(lambda self: [c for s in self.sups for c in s.crashes])
+    crash_meta = property(lambda self: [m for s in self.sups for m in s.crash_meta])
+
+
+def summary_line(counts: collections.Counter, by_check: collections.Counter, n: int, chains: int) -> str:
+    """One line with the figures issue 9 asks for (cases, chains, rejected by the zstd walk, errors, failures)."""
+    from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS
+
+    walk = {_category(r) for r in ZSTD_DEEP_REASONS.values()}
+    by_walk = sum(v for k, v in by_check.items() if k in walk)
+    crashes = sum(v for k, v in counts.items() if k.startswith("crash") and "hung" not in k)
+    hangs = sum(v for k, v in counts.items() if k.startswith("crash") and "hung" in k)
+    wrong = sum(v for k, v in counts.items() if k.startswith(("decoded, CPU rejects", "decoded, differs")))
+    reported = sum(v for k, v in counts.items() if k.startswith("rejected"))
+    return (f"SUMMARY cases={n} chains={chains} rejected-by-walk={by_walk} reported-errors={reported} "
+            f"wrong-values={wrong} crashes={crashes} hangs={hangs}")
 
 
 def summarise(journal: str) -> tuple[dict, dict, collections.Counter, collections.Counter, list, dict]:
@@ -915,7 +988,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--out", default=os.environ.get("OUT") or ".")
-    p.add_argument("--standby", type=int, default=None, help="warm children kept ready (default: 3 gpu, 1 cpu)")
+    p.add_argument("--standby", type=int, default=None,
+                   help="warm children kept ready per lane (default: 1; 3 on the gpu with one lane)")
+    p.add_argument("--lanes", type=int, default=None,
+                   help="supervisors side by side, each with its own children and journal (default: gpu "
+                        "min(6, CPUs/2), cpu 1)")
+    p.add_argument("--zstd-check", choices=["headers", "sequences"], default="sequences",
+                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: sequences)")
     p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",
@@ -925,17 +1004,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--journal", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    os.environ["DASK_GPUZARR__GPU__ZSTD_CHECK"] = args.zstd_check  # children and replays inherit it
     if args.replay:
         return replay(args.replay, args.device)
     if args.child:
         return run_child(args)
+    if args.lanes is None:
+        args.lanes = min(6, max(1, (os.cpu_count() or 2) // 2)) if args.device == "gpu" else 1
     if args.standby is None:
-        args.standby = 3 if args.device == "gpu" else 1
+        args.standby = 3 if args.device == "gpu" and args.lanes == 1 else 1
     os.makedirs(args.out, exist_ok=True)
-    sup = Supervisor(args)
+    sup = Lanes(args)
     sup.top_up()
-    print(f"{args.cases} cases over {len(CHAINS)} chains, device {args.device}, seed {args.seed}; journal "
-          f"{sup.journal}", flush=True)
+    print(f"{args.cases} cases over {len(CHAINS)} chains, device {args.device}, seed {args.seed}, "
+          f"{len(sup.sups)} lane(s), zstd check {args.zstd_check}; journal {sup.journal}", flush=True)
     try:
         sup.run()
     finally:
@@ -950,7 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
             alone = [final.get(i, {}).get("outcome", "") for i in f["cases"]]
             if not any(o.startswith(f["finding"].split(":")[0]) for o in alone):
                 counts[f"{f['finding']} (only with several damaged chunks in one batch)"] += 1
-    report = {"cases": len(final), "children": sup.children, "seconds": round(seconds, 1),
+    report = {"cases": len(final), "children": sup.children, "lanes": len(sup.sups), "zstd_check": args.zstd_check,
+              "seconds": round(seconds, 1),
               "cases_per_s": round(len(final) / max(seconds, 1e-9), 1), "device": args.device, "seed": args.seed,
               "outcomes": dict(counts), "per_chain": {c: dict(v) for c, v in per_chain.items()},
               "rejected_by_check": dict(by_check), "stats": dict(stats), "batch_findings": findings,
@@ -965,6 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(sup.journal, os.path.join(args.out, "gpu_fuzz_journal.jsonl"))
     _print(report)
     failures = sum(v for k, v in counts.items() if k.startswith(FAILURES)) + sup.aborted
+    print(summary_line(counts, by_check, len(final), len(CHAINS)), flush=True)
     print(f"\n{'FAIL' if failures else 'OK'}: {failures} failing case(s) of {len(final)}", flush=True)
     return 1 if failures else 0
 

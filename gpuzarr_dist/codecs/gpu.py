@@ -174,17 +174,21 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
 
     Returns the frames whose block structure is impossible (see
     :data:`.kernels.ZSTD_DEEP_REASONS`) as ``(index, reason)``: these are kept
-    from nvCOMP, which has faulted the CUDA context on such input, and the
-    caller lets the CPU decoder judge them.
+    from nvCOMP, which has faulted the CUDA context and hung on such input,
+    and the caller lets the CPU decoder judge them. How deep the walk goes
+    (headers and tables, or every sequence too) is ``gpuzarr.gpu.zstd-check``.
     """
-    from .kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
+    from ..config import zstd_check
+    from .kernels import ZSTD_CHECK_MODES, ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
 
+    mode = ZSTD_CHECK_MODES[zstd_check()]
     n = len(offsets)
     offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
     lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
     fcs, length = cupy.empty(n, dtype=cupy.int64), cupy.empty(n, dtype=cupy.int64)
     deep = cupy.empty(n, dtype=cupy.int32)
-    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length, deep))
+    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (dev, offs, lens, np.int32(n), fcs, length, deep,
+                                                                         np.int32(mode)))
     fcs, length, deep = fcs.get(), length.get(), deep.get()
     verdicts = host_checks.zstd_verdicts(fcs, length, deep, sizes, expected)  # numpy over all frames
     i = host_checks.zstd_first_error(verdicts)

@@ -27,13 +27,273 @@ ZSTD_DEEP_REASONS: dict[int, str] = {
     11: "zstd sequences repeat a table that was never defined",
     12: "zstd blocks cannot regenerate the frame content size the header states",
     14: "zstd frame header has its reserved bit set",
+    15: "zstd Huffman literal stream lacks its end marker (last byte zero)",
+    16: "zstd sequences table description is invalid (accuracy log, counts or symbol out of range)",
+    17: "zstd sequences bit stream is missing or lacks its end marker (last byte zero)",
+    18: "zstd sequence copies more literals than its block holds",
+    19: "zstd sequence offset reaches before the start of the frame",
+    20: "zstd block's sequences regenerate more than the block maximum",
+    21: "zstd sequences bit stream is not consumed exactly",
 }
 
+#: ``gpuzarr.gpu.zstd-check`` values -> the ``mode`` argument of :data:`ZSTD_FRAMES_SRC`'s ``zstd_frames``
+ZSTD_CHECK_MODES: dict[str, int] = {"headers": 0, "sequences": 1}
+
 ZSTD_FRAMES_SRC = r"""
-__device__ int zstd_compressed_block(const unsigned char* q, long long bsize, long long bmax,
-                                     int* lit_table, int* seq_table, long long* lo, long long* hi) {
-    // RFC 8878 3.1.1.3: a compressed block's literals section header and sequences section
-    // header. Returns 0 when they are consistent with the block, else a ZSTD_DEEP_REASONS code.
+// RFC 8878 section numbers in the comments. Everything a frame's blocks carry to the next block
+// (Huffman and FSE tables for "treeless" and "repeat" modes, repeat offsets, bytes regenerated).
+struct gz_fse { unsigned short base; unsigned char sym, nb; };
+
+struct gz_zstate {
+    int lit_table, seq_table;  // a Huffman table / sequence tables were defined earlier in the frame
+    int al[3];                 // accuracy logs of the literal length, offset, match length tables
+    long long rep[3];          // repeat offsets (3.1.2.5)
+    long long out;             // bytes the frame regenerated before this block (sequences mode)
+    gz_fse ll[512], of[256], ml[512];
+};
+
+__device__ int gz_highbit(unsigned long long v) { int b = 0; while (v >> (b + 1)) b++; return b; }
+
+__device__ unsigned int gz_fwd_bits(const unsigned char* q, long long avail, long long bp, int n) {
+    // n <= 16 bits at bit position bp of a forward bit stream (least significant bit first), zeros past its end
+    unsigned int v = 0;
+    long long byte = bp >> 3;
+    for (int k = 0; k < 4; k++) if (byte + k < avail) v |= (unsigned int)q[byte + k] << (8 * k);
+    return (v >> (bp & 7)) & ((1u << n) - 1);
+}
+
+__device__ unsigned long long gz_back_bits(const unsigned char* q, long long* pos, int n) {
+    // n <= 32 bits below bit position *pos of a backward bit stream (4.1); bits below its start read as 0
+    // and leave *pos negative, which the callers treat as corruption (libzstd's "overflow")
+    if (n <= 0) return 0;
+    long long start = *pos - n, first = start < 0 ? 0 : start, top = *pos;
+    *pos = start;
+    if (top <= first) return 0;
+    long long byte = first >> 3;
+    int sh = (int)(first & 7), need = (int)((top - first + sh + 7) >> 3);
+    unsigned long long v = 0;
+    for (int k = 0; k < need; k++) v |= (unsigned long long)q[byte + k] << (8 * k);
+    v = (v >> sh) & ((1ULL << (top - first)) - 1);
+    return v << (first - start);
+}
+
+__device__ long long gz_ncount(const unsigned char* q, long long avail, int maxs, int maxal, short* norm,
+                               int* al_out, int* nsym_out) {
+    // 4.1.1: an FSE table description. Returns the bytes it spans, or -1 when it is invalid (accuracy
+    // log above maxal, a symbol above maxs, counts that do not sum to 1 << accuracy log, past avail).
+    if (avail < 1) return -1;
+    int al = (q[0] & 15) + 5;
+    if (al > maxal) return -1;
+    long long bp = 4;
+    int remaining = (1 << al) + 1, threshold = 1 << al, nb = al + 1, s = 0, prev0 = 0;
+    while (remaining > 1) {
+        if (prev0) {  // 2-bit repeat flags of zero counts
+            int rep;
+            do {
+                rep = (int)gz_fwd_bits(q, avail, bp, 2);
+                bp += 2;
+                for (int k = 0; k < rep; k++) { if (s > maxs) return -1; norm[s++] = 0; }
+            } while (rep == 3 && bp <= 8 * avail);
+        }
+        if (s > maxs || bp > 8 * avail) return -1;
+        int mx = (2 * threshold - 1) - remaining;
+        int v = (int)gz_fwd_bits(q, avail, bp, nb), count;
+        if ((v & (threshold - 1)) < mx) { count = v & (threshold - 1); bp += nb - 1; }
+        else { count = v & (2 * threshold - 1); if (count >= threshold) count -= mx; bp += nb; }
+        count--;  // -1: a "less than 1" probability
+        remaining -= count < 0 ? -count : count;
+        if (remaining < 1) return -1;
+        norm[s++] = (short)count;
+        prev0 = count == 0;
+        while (remaining < threshold) { nb--; threshold >>= 1; }
+    }
+    if (bp > 8 * avail) return -1;
+    *al_out = al; *nsym_out = s;
+    return (bp + 7) >> 3;
+}
+
+__device__ void gz_fse_build(const short* norm, int nsym, int al, gz_fse* t) {
+    // 4.1.1: the decoding table of a normalized distribution (counts sum to 1 << al, checked by gz_ncount)
+    unsigned short next[256];
+    int size = 1 << al, high = size - 1;
+    for (int s = 0; s < nsym; s++) {
+        if (norm[s] == -1) { t[high--].sym = (unsigned char)s; next[s] = 1; }
+        else next[s] = (unsigned short)(norm[s] > 0 ? norm[s] : 0);
+    }
+    int step = (size >> 1) + (size >> 3) + 3, pos = 0;
+    for (int s = 0; s < nsym; s++)
+        for (int k = 0; k < norm[s]; k++) {
+            t[pos].sym = (unsigned char)s;
+            do pos = (pos + step) & (size - 1); while (pos > high);
+        }
+    for (int u = 0; u < size; u++) {
+        unsigned int ns = next[t[u].sym]++;
+        int nb = al - gz_highbit(ns);
+        t[u].nb = (unsigned char)nb;
+        t[u].base = (unsigned short)((ns << nb) - size);
+    }
+}
+
+__device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* used) {
+    // 4.2.1: a Huffman tree description, weights decoded in full (at most 255 of them). Returns 0
+    // when the weights make a complete prefix code of at most 11 bits, else 7; *used: its bytes.
+    unsigned char w[256];
+    int n = 0;
+    if (avail < 1) return 7;
+    unsigned int hb = q[0];
+    if (hb >= 128) {  // 4-bit weights, stored directly
+        n = (int)hb - 127;
+        long long bytes = (n + 1) / 2;
+        if (1 + bytes > avail) return 7;
+        for (int k = 0; k < n; k++) { unsigned int b = q[1 + k / 2]; w[k] = (unsigned char)(k & 1 ? b & 15 : b >> 4); }
+        *used = 1 + bytes;
+    } else {  // FSE-compressed weights: a table (accuracy log <= 6) and a bit stream of two interleaved states
+        long long cs = hb;
+        if (1 + cs > avail) return 7;
+        short norm[256];
+        int al, nsym;
+        long long nc = gz_ncount(q + 1, cs, 255, 6, norm, &al, &nsym);
+        if (nc < 0 || nc >= cs) return 7;
+        gz_fse t[64];
+        gz_fse_build(norm, nsym, al, t);
+        const unsigned char* bs = q + 1 + nc;
+        long long bl = cs - nc;
+        if (bs[bl - 1] == 0) return 7;
+        long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
+        int s1 = (int)gz_back_bits(bs, &pos, al), s2 = (int)gz_back_bits(bs, &pos, al);
+        while (1) {
+            if (n > 253) return 7;
+            w[n++] = t[s1].sym;
+            s1 = t[s1].base + (int)gz_back_bits(bs, &pos, t[s1].nb);
+            if (pos < 0) { w[n++] = t[s2].sym; break; }
+            if (n > 253) return 7;
+            w[n++] = t[s2].sym;
+            s2 = t[s2].base + (int)gz_back_bits(bs, &pos, t[s2].nb);
+            if (pos < 0) { w[n++] = t[s1].sym; break; }
+        }
+        *used = 1 + cs;
+    }
+    long long sum = 0;
+    int rank1 = 0;
+    for (int k = 0; k < n; k++) {
+        if (w[k] > 11) return 7;
+        if (w[k]) sum += 1LL << (w[k] - 1);
+        rank1 += w[k] == 1;
+    }
+    if (sum == 0) return 7;
+    int maxbits = gz_highbit(sum) + 1;
+    if (maxbits > 11) return 7;
+    long long rest = (1LL << maxbits) - sum;  // the last symbol's weight is implied: rest must be a power of 2
+    if (rest & (rest - 1)) return 7;
+    rank1 += gz_highbit(rest) == 0;
+    if (rank1 < 2 || (rank1 & 1)) return 7;  // a complete code has an even number (>= 2) of longest codes
+    return 0;
+}
+
+// 3.1.1.3.2.2: predefined distributions; 3.1.1.3.2.1.1: literal length and match length codes
+__device__ const short gz_ll_def[36] = {4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                        2, 3, 2, 1, 1, 1, 1, 1, -1, -1, -1, -1};
+__device__ const short gz_ml_def[53] = {1, 4, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1,
+                                        -1, -1, -1, -1, -1};
+__device__ const short gz_of_def[29] = {1, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                        -1, -1, -1, -1, -1};
+__device__ const int gz_ll_base[36] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 20, 22, 24, 28,
+                                       32, 40, 48, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+__device__ const unsigned char gz_ll_bits[36] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2,
+                                                 3, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+__device__ const int gz_ml_base[53] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23,
+                                       24, 25, 26, 27, 28, 29, 30, 31, 32, 33, 34, 35, 37, 39, 41, 43, 47, 51, 59,
+                                       67, 83, 99, 131, 259, 515, 1027, 2051, 4099, 8195, 16387, 32771, 65539};
+__device__ const unsigned char gz_ml_bits[53] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                                 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 7,
+                                                 8, 9, 10, 11, 12, 13, 14, 15, 16};
+
+__device__ int gz_seq_table(const unsigned char* q, long long avail, int mode, int kind, int build,
+                            gz_zstate* st, long long* used) {
+    // 3.1.1.3.2.2: one sequence table description (kind 0 literal lengths, 1 offsets, 2 match lengths).
+    // Returns 0 or a ZSTD_DEEP_REASONS code; builds the decoding table when ``build``.
+    const int maxs = kind == 0 ? 35 : (kind == 1 ? 31 : 52), maxal = kind == 1 ? 8 : 9;
+    gz_fse* t = kind == 0 ? st->ll : (kind == 1 ? st->of : st->ml);
+    *used = 0;
+    if (mode == 0) {  // predefined
+        if (build) {
+            const short* d = kind == 0 ? gz_ll_def : (kind == 1 ? gz_of_def : gz_ml_def);
+            int al = kind == 1 ? 5 : 6;
+            gz_fse_build(d, kind == 0 ? 36 : (kind == 1 ? 29 : 53), al, t);
+            st->al[kind] = al;
+        }
+    } else if (mode == 1) {  // RLE: one symbol
+        if (avail < 1) return 8;
+        if (q[0] > maxs) return 16;
+        t[0].sym = q[0]; t[0].nb = 0; t[0].base = 0;
+        st->al[kind] = 0;
+        *used = 1;
+    } else if (mode == 2) {  // FSE-compressed table description
+        short norm[64];
+        int al, nsym;
+        long long nc = gz_ncount(q, avail, maxs, maxal, norm, &al, &nsym);
+        if (nc < 0) return 16;
+        if (build) { gz_fse_build(norm, nsym, al, t); st->al[kind] = al; }
+        *used = nc;
+    } else if (!st->seq_table) {  // repeat
+        return 11;
+    }
+    return 0;
+}
+
+__device__ int gz_sequences(const unsigned char* bs, long long bl, long long nseq, long long lit, long long bmax,
+                            gz_zstate* st, long long* regenerated) {
+    // 3.1.1.3.2.2 - 3.1.1.4: decode every sequence's codes and extra bits (no output is written) and check
+    // that literal lengths stay within the block's literals, offsets within the bytes the frame has
+    // regenerated, the block within its maximum, and that the bit stream is consumed exactly.
+    long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
+    int sll = (int)gz_back_bits(bs, &pos, st->al[0]);
+    int sof = (int)gz_back_bits(bs, &pos, st->al[1]);
+    int sml = (int)gz_back_bits(bs, &pos, st->al[2]);
+    long long litleft = lit, bout = 0;
+    for (long long k = 0; k < nseq; k++) {
+        if (pos < 0) return 21;
+        int ofc = st->of[sof].sym, llc = st->ll[sll].sym, mlc = st->ml[sml].sym;
+        long long ofv = (1LL << ofc) + (long long)gz_back_bits(bs, &pos, ofc);
+        long long mlv = gz_ml_base[mlc] + (long long)gz_back_bits(bs, &pos, gz_ml_bits[mlc]);
+        long long llv = gz_ll_base[llc] + (long long)gz_back_bits(bs, &pos, gz_ll_bits[llc]);
+        long long off;
+        if (ofv > 3) {
+            off = ofv - 3;
+            st->rep[2] = st->rep[1]; st->rep[1] = st->rep[0]; st->rep[0] = off;
+        } else {
+            int idx = (int)ofv - 1 + (llv == 0);
+            if (idx == 0) off = st->rep[0];
+            else {
+                off = idx == 3 ? st->rep[0] - 1 : st->rep[idx];
+                if (idx != 1) st->rep[2] = st->rep[1];
+                st->rep[1] = st->rep[0];
+                st->rep[0] = off;
+            }
+        }
+        if (llv > litleft) return 18;
+        litleft -= llv;
+        bout += llv;
+        if (off <= 0 || off > st->out + bout) return 19;
+        bout += mlv;
+        if (bout > bmax) return 20;
+        if (k + 1 < nseq) {  // state updates: literal lengths, match lengths, offsets
+            sll = st->ll[sll].base + (int)gz_back_bits(bs, &pos, st->ll[sll].nb);
+            sml = st->ml[sml].base + (int)gz_back_bits(bs, &pos, st->ml[sml].nb);
+            sof = st->of[sof].base + (int)gz_back_bits(bs, &pos, st->of[sof].nb);
+        }
+    }
+    if (pos != 0) return 21;
+    *regenerated = bout + litleft;
+    return 0;
+}
+
+__device__ int zstd_compressed_block(const unsigned char* q, long long bsize, long long bmax, int mode,
+                                     gz_zstate* st, long long* lo, long long* hi) {
+    // 3.1.1.3: a compressed block's literals section (header, Huffman tree description, stream sizes and
+    // end markers) and sequences section (header, table descriptions, bit stream end marker; with
+    // mode 1 the sequences themselves). Returns 0 when consistent, else a ZSTD_DEEP_REASONS code.
     if (bsize < 2) return 3;
     unsigned int b0 = q[0];
     int ltype = b0 & 3, sf = (b0 >> 2) & 3;
@@ -55,22 +315,26 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
         if (lh + lcs > bsize) return 4;
         int four = sf != 0;
         if (four && lit < 6) return 7;
-        if (ltype == 3 && !*lit_table) return 6;
+        if (ltype == 3 && !st->lit_table) return 6;
         long long tree = 0;
         if (ltype == 2) {
             if (lcs < 1) return 7;
-            unsigned int hb = q[lh];
-            tree = hb < 128 ? 1 + (long long)hb : 1 + ((long long)hb - 127 + 1) / 2;
+            int bad = gz_huf_tree(q + lh, lcs, &tree);
+            if (bad) return bad;
             if (tree >= lcs) return 7;
-            *lit_table = 1;
+            st->lit_table = 1;
         }
         long long rest = lcs - tree;
+        const unsigned char* hs = q + lh + tree;
         if (four) {
             if (rest < 10) return 7;
-            const unsigned char* jt = q + lh + tree;
-            long long s1 = jt[0] | (jt[1] << 8), s2 = jt[2] | (jt[3] << 8), s3 = jt[4] | (jt[5] << 8);
+            long long s1 = hs[0] | (hs[1] << 8), s2 = hs[2] | (hs[3] << 8), s3 = hs[4] | (hs[5] << 8);
             if (s1 < 1 || s2 < 1 || s3 < 1 || s1 + s2 + s3 + 6 >= rest) return 7;
-        } else if (rest < 1) return 7;
+            if (!hs[5 + s1] || !hs[5 + s1 + s2] || !hs[5 + s1 + s2 + s3] || !hs[rest - 1]) return 15;
+        } else {
+            if (rest < 1) return 7;
+            if (!hs[rest - 1]) return 15;
+        }
     }
     if (lit > bmax) return 5;
     long long pos = lh + lcs;
@@ -82,23 +346,40 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
     if (nseq == 0) {
         if (pos != bsize) return 9;
         *lo += lit; *hi += lit;
+        st->out += lit;
         return 0;
     }
     if (pos + 1 > bsize) return 8;
-    unsigned int modes = q[pos];
+    unsigned int modes = q[pos++];
     if (modes & 3) return 10;
-    if ((((modes >> 6) & 3) == 3 || ((modes >> 4) & 3) == 3 || ((modes >> 2) & 3) == 3) && !*seq_table) return 11;
-    *seq_table = 1;
-    *lo += lit; *hi += bmax;
+    for (int kind = 0; kind < 3; kind++) {  // literal lengths, offsets, match lengths
+        long long used;
+        int bad = gz_seq_table(q + pos, bsize - pos, (modes >> (6 - 2 * kind)) & 3, kind, mode, st, &used);
+        if (bad) return bad;
+        pos += used;
+    }
+    st->seq_table = 1;
+    if (pos >= bsize || q[bsize - 1] == 0) return 17;
+    if (mode) {
+        long long regenerated;
+        int bad = gz_sequences(q + pos, bsize - pos, nseq, lit, bmax, st, &regenerated);
+        if (bad) return bad;
+        *lo += regenerated; *hi += regenerated;
+        st->out += regenerated;
+    } else {
+        *lo += lit; *hi += bmax;
+    }
     return 0;
 }
 
 extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
-                                       int n, long long* fcs_out, long long* len_out, int* deep_out) {
-    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its block headers.
+                                       int n, long long* fcs_out, long long* len_out, int* deep_out, int mode) {
+    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its blocks.
     // fcs_out: the decoded size the frame states (-1 none, -2 not zstd, -3 header cut).
     // len_out: the bytes the frame spans (-4 reserved block type).
     // deep_out: 0, or why the blocks are structurally impossible (ZSTD_DEEP_REASONS).
+    // mode: 0 checks block headers, literals and sequences headers, tables and stream end markers;
+    // 1 also decodes every sequence (ZSTD_CHECK_MODES).
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const unsigned char* p = src + offs[i];
@@ -134,7 +415,10 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
     long long wsize = single ? fcs : window;
     long long bmax = (wsize >= 0 && wsize < 131072) ? wsize : 131072;
     long long lo = 0, hi = 0;
-    int lit_table = 0, seq_table = 0;
+    gz_zstate st;
+    st.lit_table = 0; st.seq_table = 0; st.out = 0;
+    st.rep[0] = 1; st.rep[1] = 4; st.rep[2] = 8;
+    st.al[0] = st.al[1] = st.al[2] = 0;
     while (1) {
         if (pos + 3 > len) { len_out[i] = pos + 3; break; }
         unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
@@ -145,8 +429,8 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
         long long end = pos + (kind == 1 ? 1 : bsize);
         if (!deep) {
             if (bsize > bmax) deep = 2;
-            else if (kind < 2) { lo += bsize; hi += bsize; }
-            else if (end <= len) deep = zstd_compressed_block(p + pos, bsize, bmax, &lit_table, &seq_table, &lo, &hi);
+            else if (kind < 2) { lo += bsize; hi += bsize; st.out += bsize; }
+            else if (end <= len) deep = zstd_compressed_block(p + pos, bsize, bmax, mode, &st, &lo, &hi);
         }
         pos = end;
         if (h & 1) { len_out[i] = pos + 4 * cks; break; }
@@ -155,6 +439,7 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
     deep_out[i] = deep;
 }
 """
+
 
 #: bytes of decoded data each thread of :data:`CRC32_SRC`'s ``crc32_segments`` checksums
 CRC32_SEGMENT = 4096

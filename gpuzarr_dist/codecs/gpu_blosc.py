@@ -151,12 +151,14 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
             for want in np.unique(dsize):
                 g = np.flatnonzero(dsize == want)
                 try:
-                    _zstd_frames(array, work, [in_offs[i] for i in g], [in_lens[i] for i in g],
-                                 [piece_keys[i] for i in g], int(want))
+                    suspects = _zstd_frames(array, work, [in_offs[i] for i in g], [in_lens[i] for i in g],
+                                            [piece_keys[i] for i in g], int(want))
                 except _NoStatedSize:
                     return False
                 except ChunkDecodeError as e:
                     raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
+                if suspects:  # impossible entropy structure: never handed to nvCOMP (it hung and faulted on such)
+                    raise diagnose(g[[i for i, _ in suspects]], suspects[0][1])
         out_offs = pl.decode_at[pieces].tolist()
         out_caps = [int(bf._align(d)) for d in dsize.tolist()]
         try:

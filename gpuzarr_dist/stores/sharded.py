@@ -32,7 +32,7 @@ import dask.config
 import numpy as np
 
 from .base import ChunkStore
-from .ranges import ByteRange, MergedRead, Piece, coalesce, max_range, merge_gap
+from .ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
 from ..stages import stage_timer as _stage_timer
 from ..codecs.sharding import ShardIndex
 from ..errors import ChunkDecodeError, ChunkReadError
@@ -176,22 +176,8 @@ class ShardedChunkStore(ChunkStore):
                     dests: np.ndarray) -> list[MergedRead]:
         """The merged reads for chunks at ``offs``/``sizes`` of shard ``which`` landing at ``dests``."""
         gap_set = dask.config.get("gpuzarr.shards.merge-gap", None) not in (None, "auto")
-        gap, limit = merge_gap(self.merge_gap_default), max_range()
-        keep = sizes > 0
-        order = np.lexsort((offs, which))
-        order = order[keep[order]]
-        bounds = np.flatnonzero(np.diff(which[order])) + 1
-        reads: list[MergedRead] = []
-        for grp in np.split(order, bounds) if len(order) else []:
-            key = shards[int(which[grp[0]])]
-            o, s, d = offs[grp], sizes[grp], dests[grp]
-            lo, hi = int(o[0]), int((o + s).max())
-            dense = not gap_set and hi - lo <= limit and 2 * int(s.sum()) >= hi - lo and bool((o[1:] >= (o + s)[:-1]).all())
-            if dense:
-                reads.append(MergedRead(key, lo, hi - lo, list(map(Piece, o.tolist(), s.tolist(), d.tolist()))))
-            else:
-                reads.extend(coalesce(zip([key] * len(grp), o.tolist(), s.tolist(), d.tolist()), gap, limit))
-        return reads
+        return plan_reads(shards, which, offs, sizes, dests, merge_gap(self.merge_gap_default), max_range(),
+                          span_rule=not gap_set)
 
     def _check_reads(self, keys: Sequence[str], reads: list[MergedRead], got: list[int], dests: np.ndarray,
                      sizes: np.ndarray) -> None:

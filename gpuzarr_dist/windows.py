@@ -12,6 +12,13 @@ on the GPU), and cuts every window out of the decoded chunks with one gather
 
 No dask is involved: call it from a data loader's thread. The returned array
 is ``(n, *window)``: numpy on the CPU, cupy on the GPU (complete when returned).
+
+For a sharded array the sampler keeps the shard indexes it has read across
+calls (``index_cache``, 64 MiB by default, least recently used dropped first),
+so a call reads only the indexes of shards it has not seen: the array is
+taken to be unchanged while the sampler lives (a training set). Pass
+``index_cache=0`` to read every index again in every call, or call
+:meth:`WindowSampler.clear_cache` after the array was rewritten.
 """
 
 from __future__ import annotations
@@ -26,21 +33,30 @@ from .reader import BlockReader
 from .runtime.device import resolve_device
 from .runtime.threads import decode_pool
 from .stages import stage_timer
+from .stores.sharded import IndexCache, ShardedChunkStore
 from .stores.source import open_source
 
 
 class WindowSampler:
     """Reads batches of equally shaped windows of one Zarr array.
 
-    ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None)``
+    ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None, index_cache="64 MiB")``
     opens the array once (same ``source`` forms as :func:`~gpuzarr_dist.from_zarr_gpu`);
-    :meth:`sample` then reads one batch of windows per call.
+    :meth:`sample` then reads one batch of windows per call. ``index_cache``
+    (bytes, or a string such as ``"64 MiB"``; 0 or ``None`` turns it off) bounds
+    the shard indexes kept across calls of a sharded array (see the module docstring).
     """
 
     def __init__(self, source: Any, window: Sequence[int], component: str | None = None, *, device: str = "auto",
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, index_cache: int | str | None = "64 MiB"):
         dev = resolve_device(device)
         store, spec = open_source(source, component, storage_options)
+        if index_cache and isinstance(store, ShardedChunkStore):
+            from dask.utils import parse_bytes
+
+            limit = int(parse_bytes(index_cache)) if isinstance(index_cache, str) else int(index_cache)
+            if limit > 0:
+                store.index_cache = IndexCache(limit)
         self.reader = BlockReader(store, spec, dev)
         self.spec = spec
         self.device = dev
@@ -50,6 +66,12 @@ class WindowSampler:
 
     def __repr__(self) -> str:
         return f"WindowSampler({self.spec.name!r}, window={self.window}, device={self.device!r})"
+
+    def clear_cache(self) -> None:
+        """Forget the shard indexes kept across calls (after the array was rewritten)."""
+        cache = getattr(self.reader.store, "index_cache", None)
+        if cache is not None:
+            cache.clear()
 
     def random_starts(self, n: int, rng: Any = None) -> np.ndarray:
         """``n`` uniformly random window corners ``(n, ndim)`` with every window inside the array."""
@@ -114,7 +136,8 @@ def sample_windows(source: Any, starts: Any, window: Sequence[int], component: s
                    device: str = "auto", storage_options: dict | None = None) -> Any:
     """Read windows of shape ``window`` at ``starts`` in one batch (opens the array each call; reuse a
     :class:`WindowSampler` for many batches)."""
-    return WindowSampler(source, window, component, device=device, storage_options=storage_options).sample(starts)
+    return WindowSampler(source, window, component, device=device, storage_options=storage_options,
+                         index_cache=0).sample(starts)
 
 
 def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any,

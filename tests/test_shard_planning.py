@@ -136,3 +136,94 @@ def test_random_missing_inner_chunks_read_as_zarr_python_reads(tmp_path, locatio
         got = sampler.sample(starts)
         for s, w in zip(starts, got):
             np.testing.assert_array_equal(w, ref[tuple(slice(int(x), int(x) + n) for x, n in zip(s, (2, 7, 9)))])
+
+
+def _sharded(path, data, shards=(4, 32, 32), inner=(1, 8, 8), location="end"):
+    a = zarr.create_array(path, shape=data.shape, dtype=data.dtype, chunks=shards, compressors=None,
+                          serializer=zc.ShardingCodec(chunk_shape=inner, codecs=[zc.BytesCodec(), zc.ZstdCodec()],
+                                                      index_location=location))
+    a[...] = data
+    return a
+
+
+def _check_windows(sampler, ref, starts):
+    got = sampler.sample(starts)
+    for s, w in zip(starts, got):
+        np.testing.assert_array_equal(w, ref[tuple(slice(int(x), int(x) + n) for x, n in zip(s, sampler.window))])
+
+
+@pytest.mark.parametrize("location", ["end", "start"])
+def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monkeypatch, location):
+    from conftest import make_data
+    from gpuzarr_dist.windows import WindowSampler
+    from shard_helpers import record_ranges
+
+    data = make_data("float32", (16, 64, 96), seed=4)
+    path = str(tmp_path / "c.zarr")
+    _sharded(path, data, location=location)
+    ref = zarr.open_array(path, mode="r")
+    log = record_ranges(monkeypatch)
+    sampler = WindowSampler(path, (3, 10, 12), device="cpu")
+    seen = set()
+    for seed in range(6):
+        before = len(log["index"])
+        starts = sampler.random_starts(16, rng=seed)
+        _check_windows(sampler, ref, starts)
+        asked = [r.key for r in log["index"][before:]]
+        assert len(asked) == len(set(asked)) and not seen & set(asked)  # never an index read twice
+        seen |= set(asked)
+    cache = sampler.reader.store.index_cache
+    assert cache.hits > 0 and len(cache) == len(seen)
+    # off: every call reads the indexes of the shards it touches again
+    plain = WindowSampler(path, (3, 10, 12), device="cpu", index_cache=0)
+    starts = sampler.random_starts(16, rng=0)
+    before = len(log["index"])
+    _check_windows(plain, ref, starts)
+    first = len(log["index"]) - before
+    _check_windows(plain, ref, starts)
+    assert len(log["index"]) - before == 2 * first > 0
+
+
+def test_index_cache_is_bounded_and_cleared(tmp_path):
+    from conftest import make_data
+    from gpuzarr_dist.stores.sharded import IndexCache
+    from gpuzarr_dist.windows import WindowSampler
+
+    data = make_data("float32", (16, 64, 96), seed=5)
+    path = str(tmp_path / "b.zarr")
+    a = _sharded(path, data)
+    one = (4 * 4 * 4) * 16  # bytes of one decoded index: 64 inner chunks x (offset, size) int64
+    sampler = WindowSampler(path, (2, 9, 9), device="cpu", index_cache=3 * one)
+    ref = zarr.open_array(path, mode="r")
+    for seed in range(5):
+        _check_windows(sampler, ref, sampler.random_starts(12, rng=seed))
+        cache = sampler.reader.store.index_cache
+        assert len(cache) <= 3 and cache.nbytes <= 3 * one
+    # a rewritten array is read through fresh indexes once the cache is cleared
+    a[...] = data[::-1]
+    sampler.clear_cache()
+    ref = zarr.open_array(path, mode="r")
+    _check_windows(sampler, ref, sampler.random_starts(12, rng=9))
+    # least recently used goes first; an absent shard is remembered as absent
+    c = IndexCache(2 * one)
+    x, y, z = (np.zeros((64, 2), dtype=np.int64) for _ in range(3))
+    c.put_many({"a": x, "b": y})
+    assert c.get_many(["a"]) == {"a": x}
+    c.put_many({"c": z})
+    assert set(c.get_many(["a", "b", "c"])) == {"a", "c"}
+    c.put_many({"gone": None})
+    assert "gone" in c.get_many(["gone"]) and not x.flags.writeable
+
+
+def test_sampler_store_pickles_without_its_cache(tmp_path):
+    import pickle
+
+    from conftest import make_data
+    from gpuzarr_dist.windows import WindowSampler
+
+    path = str(tmp_path / "p.zarr")
+    _sharded(path, make_data("float32", (8, 32, 32), seed=6))
+    sampler = WindowSampler(path, (2, 5, 5), device="cpu")
+    sampler.sample(sampler.random_starts(4, rng=0))
+    assert len(sampler.reader.store.index_cache)
+    assert pickle.loads(pickle.dumps(sampler.reader.store)).index_cache is None

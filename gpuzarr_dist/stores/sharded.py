@@ -21,10 +21,15 @@ The decoders then see ordinary chunks at aligned offsets, so all inner
 chunks of the block decode in one batch on either device. Indexes are cached
 for the duration of one call only: a later task reads them again (an index
 is one small request), so a rewritten shard is never read through a stale one.
+A :class:`~gpuzarr_dist.WindowSampler` opts in to keeping them across its calls
+(:class:`IndexCache`, bounded, least recently used dropped first): it samples
+the same shards over and over, and treats the array as immutable while it lives.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +44,62 @@ from ..errors import ChunkDecodeError, ChunkReadError
 from ..metadata import ArraySpec
 
 
+class IndexCache:
+    """Decoded shard indexes by shard key, kept across calls up to ``max_bytes`` (least recently used dropped first).
+
+    Nothing invalidates an entry: it is for arrays that are not rewritten while
+    the cache lives (a training set sampled many times). A shard object that
+    did not exist is remembered as absent too. Thread-safe; ``hits`` and
+    ``misses`` count shards looked up.
+    """
+
+    _ABSENT_BYTES = 64  # what an "absent" entry is charged, so a cache of absent shards stays bounded
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = int(max_bytes)
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[str, np.ndarray | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_many(self, shards: Sequence[str]) -> dict[str, np.ndarray | None]:
+        """The cached entries among ``shards`` (marked as recently used)."""
+        out: dict[str, np.ndarray | None] = {}
+        with self._lock:
+            for s in shards:
+                if s in self._entries:
+                    self._entries.move_to_end(s)
+                    out[s] = self._entries[s]
+            self.hits += len(out)
+            self.misses += len(shards) - len(out)
+        return out
+
+    def put_many(self, entries: dict[str, np.ndarray | None]) -> None:
+        with self._lock:
+            for s, ix in entries.items():
+                if s in self._entries:
+                    continue
+                if ix is not None:
+                    ix.flags.writeable = False  # shared by later calls: nobody may change it
+                self._entries[s] = ix
+                self.nbytes += self._size(ix)
+            while self.nbytes > self.max_bytes and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= self._size(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def _size(self, ix: np.ndarray | None) -> int:
+        return self._ABSENT_BYTES if ix is None else ix.nbytes
+
+
 class ShardedChunkStore(ChunkStore):
     """Serves inner-chunk keys of ``spec`` from the shard objects of ``base``."""
 
@@ -47,10 +108,11 @@ class ShardedChunkStore(ChunkStore):
         self.spec = spec
         self.array = base.array
         self._index: ShardIndex | None = None
+        self.index_cache: IndexCache | None = None  # off: see the module docstring
         ShardIndex(spec)  # fail early, in the client, on index codecs we cannot read
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_index": None}
+        return {**self.__dict__, "_index": None, "index_cache": None}  # a copy elsewhere reads its own indexes
 
     @property
     def index(self) -> ShardIndex:
@@ -70,9 +132,19 @@ class ShardedChunkStore(ChunkStore):
     def read_indexes(self, shards: Sequence[str]) -> dict[str, np.ndarray | None]:
         """The decoded index of each shard (``None`` for a shard object that does not exist), one range each."""
         shards = list(dict.fromkeys(shards))
-        off, n = self.index.raw_range()
-        raw = self.base.read_ranges([ByteRange(s, off, n) for s in shards])
-        return {s: None if r is None else self.index.decode(r, s) for s, r in zip(shards, raw)}
+        cache = self.index_cache
+        known = cache.get_many(shards) if cache is not None else {}
+        todo = [s for s in shards if s not in known] if known else shards
+        if todo:
+            off, n = self.index.raw_range()
+            raw = self.base.read_ranges([ByteRange(s, off, n) for s in todo])
+            got = {s: None if r is None else self.index.decode(r, s) for s, r in zip(todo, raw)}
+            if cache is not None:
+                cache.put_many(got)
+            if not known:
+                return got
+            known.update(got)
+        return known
 
     def _name_chunk(self, e: ChunkReadError, keys: Sequence[str], what: str) -> ChunkReadError:
         """``e`` (about a shard object) re-raised against the first inner chunk of ``keys`` in that shard."""

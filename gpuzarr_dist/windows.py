@@ -147,8 +147,10 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
     ``idx`` ``(n, *grid)`` names, for each window, the grid of chunks around it
     (``m`` = the fill chunk); ``offsets`` ``(n, ndim)`` where the window starts in
     the first chunk. On the device every element is gathered at once (one
-    gather for its chunk number, one for its value: a few kernels, not one
-    copy per chunk); on the host each window copies its chunks' slices.
+    gather for its chunk number, one for its value, and where chunks are
+    missing one more for the fill: a few kernels, not one copy per chunk,
+    and no copy of the decoded chunks); on the host each window copies its
+    chunks' slices.
     ``gather=True`` takes the device's way on the host too (for tests).
     """
     xp = _array_module(chunks)
@@ -158,8 +160,9 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
         return xp.empty((0, *window), dtype=chunks.dtype)
     if xp is np and not gather:
         return _cut_windows_host(chunks, idx, offsets, window, fill)
-    fill_chunk = xp.full((1, *cshape), fill, dtype=chunks.dtype)
-    pool = xp.concatenate([chunks.reshape((-1, *cshape)), fill_chunk]) if chunks.size else fill_chunk
+    m = len(chunks)
+    if m == 0:
+        return xp.full((n, *window), fill, dtype=chunks.dtype)
     q, r = [], []
     for a in range(nd):
         pos = np.asarray(offsets[:, a : a + 1]) + np.arange(window[a])[None, :]  # (n, w): position in the chunk grid
@@ -167,8 +170,14 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
         shape[a + 1] = window[a]
         q.append(xp.asarray((pos // cshape[a]).reshape(shape)))
         r.append(xp.asarray((pos % cshape[a]).reshape(shape)))
-    which = xp.asarray(idx)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
-    return pool[(which, *r)]
+    needs_fill = bool((idx >= m).any())  # on the host: idx is a numpy array
+    grid_idx = xp.asarray(np.minimum(idx, m - 1) if needs_fill else idx)
+    which = grid_idx[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
+    out = chunks[(which, *r)]  # one gather of every element of every window, straight from the decoded chunks
+    if needs_fill:  # elements of missing chunks: one more kernel, no copy of the chunks with a fill chunk appended
+        missing = xp.asarray(idx >= m)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]
+        out = xp.where(missing, xp.asarray(fill, dtype=chunks.dtype), out)
+    return out
 
 
 def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> np.ndarray:

@@ -227,3 +227,23 @@ def test_sampler_store_pickles_without_its_cache(tmp_path):
     sampler.sample(sampler.random_starts(4, rng=0))
     assert len(sampler.reader.store.index_cache)
     assert pickle.loads(pickle.dumps(sampler.reader.store)).index_cache is None
+
+
+@pytest.mark.parametrize("case", ["none missing", "some missing", "all missing"])
+def test_window_gather_without_a_fill_chunk(case):
+    """The device's gather (run with numpy) with no, some and only missing chunks, against a numpy cut."""
+    from gpuzarr_dist.windows import _cut_windows
+
+    rng = np.random.default_rng(11)
+    chunk, window = (3, 4, 5), (2, 6, 7)
+    grid = tuple((w + c - 2) // c + 1 for w, c in zip(window, chunk))
+    n, m = 9, (0 if case == "all missing" else 15)
+    chunks = rng.standard_normal((m, *chunk)).astype("float32")
+    idx = rng.integers(0, m + (case != "none missing"), size=(n, *grid))
+    offsets = np.stack([rng.integers(0, c, size=n) for c in chunk], axis=1)
+    got = _cut_windows(chunks, idx, offsets, window, 7.5, gather=True)
+    pool = np.concatenate([chunks, np.full((1, *chunk), 7.5, dtype="float32")])
+    for w in range(n):
+        mosaic = pool[idx[w]].transpose(0, 3, 1, 4, 2, 5).reshape([g * c for g, c in zip(grid, chunk)])
+        o = offsets[w]
+        np.testing.assert_array_equal(got[w], mosaic[o[0]:o[0] + window[0], o[1]:o[1] + window[1], o[2]:o[2] + window[2]])

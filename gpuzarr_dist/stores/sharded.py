@@ -28,6 +28,7 @@ the same shards over and over, and treats the array as immutable while it lives.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -112,7 +113,7 @@ class ShardedChunkStore(ChunkStore):
         ShardIndex(spec)  # fail early, in the client, on index codecs we cannot read
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_index": None, "index_cache": None}  # a copy elsewhere reads its own indexes
+        return {**self.__dict__, "_index": None, "index_cache": None, "_inner_no": {}}  # a copy elsewhere reads its own indexes
 
     @property
     def index(self) -> ShardIndex:
@@ -170,33 +171,55 @@ class ShardedChunkStore(ChunkStore):
                 out.append((shard, int(ix[i, 0]), int(ix[i, 1])))
         return out
 
+    _INNER_MEMO = 1 << 16  # in-shard positions remembered per store (text -> number); more are parsed each call
+
     def _parse(self, keys: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Shard keys (first-seen order), each key's shard number, and its inner chunk's C-order position: vectorised.
 
-        One string split per key and one numpy conversion for all positions (the
-        per-key tuple parsing and ``ravel_multi_index`` call cost more than the read
-        of a small inner chunk on the GPU path).
+        One string split per key (``map``, no Python per key) and a dict lookup
+        of the in-shard position's text (``"1,0,2]"``), remembered per store
+        once parsed and checked; texts not seen before are parsed together
+        with numpy.
         """
         per = self.spec.chunks_per_shard
-        split = [k.rpartition("[") for k in keys]  # (shard, "[", "i,j,k]"): C-level work per key, no Python branches
-        if not all(sep for _, sep, _ in split) or not all(k.endswith("]") for k in keys):
-            bad = next(k for k, (_, sep, _) in zip(keys, split) if not sep or not k.endswith("]"))
+        n = len(keys)
+        if not n:
+            return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        shard_of, seps, texts = zip(*map(str.rpartition, keys, itertools.repeat("[", n)))
+        if "" in seps or not all(map(str.endswith, texts, itertools.repeat("]", n))):
+            bad = next(k for k, sep, t in zip(keys, seps, texts) if not sep or not t.endswith("]"))
             raise ValueError(f"{self.array}: {bad!r} is not an inner-chunk key (shard[i,j,...])")
-        shard_of = [s for s, _, _ in split]
         shard_no = {s: j for j, s in enumerate(dict.fromkeys(shard_of))}
-        which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=len(keys))
-        texts = [t[:-1] for _, _, t in split]
-        if not per or not keys:
-            return list(shard_no), which, np.zeros(len(keys), dtype=np.int64)
+        which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=n)
+        if not per:
+            return list(shard_no), which, np.zeros(n, dtype=np.int64)
+        memo = self.__dict__.setdefault("_inner_no", {})
+        found = list(map(memo.get, texts))
+        if None in found:
+            new = list(dict.fromkeys(t for t, f in zip(texts, found) if f is None))
+            numbers = self._parse_positions(new, keys)
+            if len(memo) + len(new) <= self._INNER_MEMO:
+                memo.update(zip(new, numbers))
+                found = list(map(memo.get, texts))
+            else:
+                local = dict(zip(new, numbers))
+                found = [local[t] if f is None else f for t, f in zip(texts, found)]
+        return list(shard_no), which, np.fromiter(found, dtype=np.int64, count=n)
+
+    def _parse_positions(self, texts: list[str], keys: Sequence[str]) -> list[int]:
+        """C-order positions of in-shard position texts (``"i,j,k]"``), checked against the shard's grid."""
+        per = self.spec.chunks_per_shard
         try:
-            pos = np.array(",".join(texts).split(","), dtype=np.int64).reshape(len(keys), len(per))
+            pos = np.array(",".join(t[:-1] for t in texts).split(","), dtype=np.int64).reshape(len(texts), len(per))
         except ValueError:
             raise ValueError(f"{self.array}: malformed inner-chunk key among {list(keys)[:3]}...") from None
         bad = ((pos < 0) | (pos >= np.array(per))).any(axis=1)
         if bad.any():
-            raise ValueError(f"{self.array}: inner chunk {keys[int(np.argmax(bad))]!r} lies outside its shard of {per} chunks")
+            text = texts[int(np.argmax(bad))]
+            key = next(k for k in keys if k.endswith("[" + text))
+            raise ValueError(f"{self.array}: inner chunk {key!r} lies outside its shard of {per} chunks")
         strides = np.cumprod((1, *per[:0:-1]))[::-1].astype(np.int64)
-        return list(shard_no), which, pos @ strides
+        return (pos @ strides).tolist()
 
     def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Inner chunks into aligned slots of one staging buffer, each shard's bytes in as few reads as possible.

@@ -14,16 +14,16 @@ import itertools
 import math
 from dataclasses import dataclass
 from numbers import Integral
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .metadata import ArraySpec
 
 
-@dataclass(frozen=True)
-class ChunkPart:
-    """One chunk's share of a selection."""
+class ChunkPart(NamedTuple):
+    """One chunk's share of a selection (a named tuple: a block of a sharded array plans a thousand or
+    more, and a frozen dataclass cost several times more to build)."""
 
     coords: tuple[int, ...]
     chunk_sel: tuple[slice, ...]  # within the decoded chunk
@@ -90,10 +90,10 @@ def plan_selection(spec: ArraySpec, index: Any) -> Plan:
     out_shape = tuple(max(0, -(-(stop - start) // step)) for start, stop, step, _, _ in axes)
     final = tuple(0 if is_int else (slice(None, None, -1) if rev else slice(None)) for _, _, _, is_int, rev in axes)
     per_axis = [_axis_parts(start, stop, step, c) for (start, stop, step, _, _), c in zip(axes, spec.chunk_shape)]
-    parts = tuple(
-        ChunkPart(tuple(p[0] for p in combo), tuple(p[1] for p in combo), tuple(p[2] for p in combo))
-        for combo in itertools.product(*per_axis)
-    )
+    # one (coords, chunk slices, out slices) triple per chunk: zip(*combo) transposes a chunk's
+    # per-axis entries in C (a sharded 64-step block has over a thousand chunks)
+    # (a 0-d array has one chunk and no axes)
+    parts = tuple(ChunkPart(*zip(*combo)) for combo in itertools.product(*per_axis)) if per_axis else (ChunkPart((), (), ()),)
     return Plan(out_shape, final, parts)
 
 

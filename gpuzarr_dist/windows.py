@@ -12,6 +12,13 @@ on the GPU), and cuts every window out of the decoded chunks with one gather
 
 No dask is involved: call it from a data loader's thread. The returned array
 is ``(n, *window)``: numpy on the CPU, cupy on the GPU (complete when returned).
+
+For a sharded array the sampler keeps the shard indexes it has read across
+calls (``index_cache``, 64 MiB by default, least recently used dropped first),
+so a call reads only the indexes of shards it has not seen: the array is
+taken to be unchanged while the sampler lives (a training set). Pass
+``index_cache=0`` to read every index again in every call, or call
+:meth:`WindowSampler.clear_cache` after the array was rewritten.
 """
 
 from __future__ import annotations
@@ -26,21 +33,30 @@ from .reader import BlockReader
 from .runtime.device import resolve_device
 from .runtime.threads import decode_pool
 from .stages import stage_timer
+from .stores.sharded import IndexCache, ShardedChunkStore
 from .stores.source import open_source
 
 
 class WindowSampler:
     """Reads batches of equally shaped windows of one Zarr array.
 
-    ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None)``
+    ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None, index_cache="64 MiB")``
     opens the array once (same ``source`` forms as :func:`~gpuzarr_dist.from_zarr_gpu`);
-    :meth:`sample` then reads one batch of windows per call.
+    :meth:`sample` then reads one batch of windows per call. ``index_cache``
+    (bytes, or a string such as ``"64 MiB"``; 0 or ``None`` turns it off) bounds
+    the shard indexes kept across calls of a sharded array (see the module docstring).
     """
 
     def __init__(self, source: Any, window: Sequence[int], component: str | None = None, *, device: str = "auto",
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, index_cache: int | str | None = "64 MiB"):
         dev = resolve_device(device)
         store, spec = open_source(source, component, storage_options)
+        if index_cache and isinstance(store, ShardedChunkStore):
+            from dask.utils import parse_bytes
+
+            limit = int(parse_bytes(index_cache)) if isinstance(index_cache, str) else int(index_cache)
+            if limit > 0:
+                store.index_cache = IndexCache(limit)
         self.reader = BlockReader(store, spec, dev)
         self.spec = spec
         self.device = dev
@@ -50,6 +66,12 @@ class WindowSampler:
 
     def __repr__(self) -> str:
         return f"WindowSampler({self.spec.name!r}, window={self.window}, device={self.device!r})"
+
+    def clear_cache(self) -> None:
+        """Forget the shard indexes kept across calls (after the array was rewritten)."""
+        cache = getattr(self.reader.store, "index_cache", None)
+        if cache is not None:
+            cache.clear()
 
     def random_starts(self, n: int, rng: Any = None) -> np.ndarray:
         """``n`` uniformly random window corners ``(n, ndim)`` with every window inside the array."""
@@ -114,7 +136,8 @@ def sample_windows(source: Any, starts: Any, window: Sequence[int], component: s
                    device: str = "auto", storage_options: dict | None = None) -> Any:
     """Read windows of shape ``window`` at ``starts`` in one batch (opens the array each call; reuse a
     :class:`WindowSampler` for many batches)."""
-    return WindowSampler(source, window, component, device=device, storage_options=storage_options).sample(starts)
+    return WindowSampler(source, window, component, device=device, storage_options=storage_options,
+                         index_cache=0).sample(starts)
 
 
 def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any,
@@ -124,8 +147,10 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
     ``idx`` ``(n, *grid)`` names, for each window, the grid of chunks around it
     (``m`` = the fill chunk); ``offsets`` ``(n, ndim)`` where the window starts in
     the first chunk. On the device every element is gathered at once (one
-    gather for its chunk number, one for its value: a few kernels, not one
-    copy per chunk); on the host each window copies its chunks' slices.
+    gather for its chunk number, one for its value, and where chunks are
+    missing one more for the fill: a few kernels, not one copy per chunk,
+    and no copy of the decoded chunks); on the host each window copies its
+    chunks' slices.
     ``gather=True`` takes the device's way on the host too (for tests).
     """
     xp = _array_module(chunks)
@@ -135,8 +160,9 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
         return xp.empty((0, *window), dtype=chunks.dtype)
     if xp is np and not gather:
         return _cut_windows_host(chunks, idx, offsets, window, fill)
-    fill_chunk = xp.full((1, *cshape), fill, dtype=chunks.dtype)
-    pool = xp.concatenate([chunks.reshape((-1, *cshape)), fill_chunk]) if chunks.size else fill_chunk
+    m = len(chunks)
+    if m == 0:
+        return xp.full((n, *window), fill, dtype=chunks.dtype)
     q, r = [], []
     for a in range(nd):
         pos = np.asarray(offsets[:, a : a + 1]) + np.arange(window[a])[None, :]  # (n, w): position in the chunk grid
@@ -144,8 +170,14 @@ def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tupl
         shape[a + 1] = window[a]
         q.append(xp.asarray((pos // cshape[a]).reshape(shape)))
         r.append(xp.asarray((pos % cshape[a]).reshape(shape)))
-    which = xp.asarray(idx)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
-    return pool[(which, *r)]
+    needs_fill = bool((idx >= m).any())  # on the host: idx is a numpy array
+    grid_idx = xp.asarray(np.minimum(idx, m - 1) if needs_fill else idx)
+    which = grid_idx[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
+    out = chunks[(which, *r)]  # one gather of every element of every window, straight from the decoded chunks
+    if needs_fill:  # elements of missing chunks: one more kernel, no copy of the chunks with a fill chunk appended
+        missing = xp.asarray(idx >= m)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]
+        out = xp.where(missing, xp.asarray(fill, dtype=chunks.dtype), out)
+    return out
 
 
 def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> np.ndarray:

@@ -4,7 +4,8 @@
 
 Times ``store.read_into`` of one block of ``--steps`` time steps for the unsharded array and the sharded
 arrays (256 KiB and 1 MiB inner chunks), with the stage split (index reads, range planning, range reads),
-and one ``WindowSampler.sample`` call of 64 windows on the CPU device. ``--profile`` adds cProfile's top
+and ``WindowSampler.sample`` calls of 64 and 256 windows on the CPU device, with and without the CPU
+decode (the host-side planning per call is printed on its own). ``--steps 192`` is the H200 bench's shape. ``--profile`` adds cProfile's top
 entries for the 256 KiB block read.
 """
 
@@ -102,14 +103,36 @@ def main() -> int:
     sec = best(lambda: sampler.sample(starts[next(it) % 8]), 15)
     print(f"WindowSampler.sample, 64 windows (cpu), read + decode cached: {1e3 * sec:.2f} ms of per-window work")
     sampler._decode = dec
+    for batch in (64, 256):
+        starts = [sampler.random_starts(batch, rng=100 + i) for i in range(8)]
+        it = iter(range(10**9))
+        stages.enable()
+        stages.reset()
+        sec = best(lambda: sampler.sample(starts[next(it) % 8]), 7)
+        print(f"WindowSampler.sample, {batch} windows (cpu): {1e3 * sec:.2f} ms ({batch / sec:.0f} windows/s)")
+        print(stages.format_stages(stages.snapshot()))
+        stages.enable(False)
+
+    def no_decode(keys):  # the read happens (indexes, ranges); the CPU decode, which the GPU replaces, is left out
+        raw = sampler.reader.store.read_many(keys) if keys else []
+        present = [i for i, b in enumerate(raw) if b is not None]
+        return np.zeros((len(present), *sampler.spec.chunk_shape), sampler.spec.dtype), present
+
+    sampler._decode = no_decode
+    for batch in (64, 256):
+        starts = [sampler.random_starts(batch, rng=200 + i) for i in range(8)]
+        it = iter(range(10**9))
+        stages.enable()
+        stages.reset()
+        sec = best(lambda: sampler.sample(starts[next(it) % 8]), 7)
+        st = stages.snapshot()
+        stages.enable(False)
+        host_ms = sum(1e3 * st[k][0] / st["windows: plan"][1] for k in ("windows: plan", "shards: parse keys", "index reads",
+                                                                       "range planning", "range checks") if k in st)
+        print(f"WindowSampler.sample, {batch} windows, decode left out: {1e3 * sec:.2f} ms per call; host-side "
+              f"planning (plan, keys, indexes, ranges, checks) {host_ms:.2f} ms per call")
+    sampler._decode = dec
     starts = [sampler.random_starts(64, rng=i) for i in range(8)]
-    it = iter(range(10**9))
-    stages.enable()
-    stages.reset()
-    sec = best(lambda: sampler.sample(starts[next(it) % 8]), 7)
-    print(f"WindowSampler.sample, 64 windows (cpu): {1e3 * sec:.2f} ms ({64 / sec:.0f} windows/s)")
-    print(stages.format_stages(stages.snapshot()))
-    stages.enable(False)
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -2,7 +2,8 @@
 whole-block GPU reads, the time mean sharded vs unsharded, per-stage ms per block of 64 steps (host reads:
 parse keys / index reads / staging alloc / range planning / range reads; GPU: H2D / frame checks / nvCOMP /
 checksums; place) for unsharded vs 256 KiB / 1 MiB inner chunks with 1 and 16 threads, and WindowSampler
-calls of 64 and 256 windows, each with its stage times. A plain script: prints a compact table; exits nonzero if a value is wrong.
+calls of 64 and 256 windows (shard-index cache on and off; tensorstore on the same windows when installed),
+each with its stage times; SUMMARY lines give the sharded/unsharded ratio and windows/s against tensorstore. A plain script: prints a compact table; exits nonzero if a value is wrong.
 
     python tools/gpu_probe_shards.py [--path DIR] [--steps 192]
 
@@ -37,7 +38,9 @@ def main() -> int:
     ap.add_argument("--path", default="/tmp/gpuzarr-probe-shards")
     ap.add_argument("--steps", type=int, default=192)
     ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--device", default="gpu", help="cpu: a dry run of the script's logic on a machine without a GPU")
     args = ap.parse_args()
+    device = args.device
 
     import dask
     import zarr
@@ -46,7 +49,16 @@ def main() -> int:
     from gpuzarr_dist.assemble import plan_selection
     from gpuzarr_dist.bench.shards import write_variants
     from gpuzarr_dist.reader import BlockReader
-    from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+    if device == "gpu":
+        from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+    else:
+        ALIGN = 256
+
+        def pinned_staging(n):
+            return np.empty(n, dtype=np.uint8)
+
+    def host(a):
+        return a.get() if hasattr(a, "get") else a
     from gpuzarr_dist.stores.source import open_source
     from gpuzarr_dist.windows import WindowSampler
     from gpuzarr_dist.graph import from_zarr_gpu
@@ -75,9 +87,9 @@ def main() -> int:
                 buf = store.read_into(keys, pinned_staging, ALIGN)[0]
                 row(f"read_into {name}, {len(keys)} keys, {label}", best(lambda: store.read_into(keys, pinned_staging, ALIGN)),
                     len(keys) and int(np.prod(buf.shape)))
-        reader = BlockReader(store, spec, "gpu")
+        reader = BlockReader(store, spec, device)
         ref = zarr.open_array(paths[name], mode="r")[sel]
-        got = reader[sel].get()
+        got = host(reader[sel])
         if not np.array_equal(got, ref):
             print(f"FAIL: {name} block differs from zarr-python")
             failures += 1
@@ -89,20 +101,26 @@ def main() -> int:
 
     # 2. the time mean through dask, as the bench runs it
     nbytes = args.steps * 721 * 1440 * 4
+    rates = {}
     for name in ("unsharded", "inner256k", "inner1m"):
-        x = from_zarr_gpu(paths[name], device="gpu")
+        x = from_zarr_gpu(paths[name], device=device)
 
         def mean():
             with dask.config.set(scheduler="threads", num_workers=args.threads):
                 float(x.mean(axis=0).compute()[0, 0])
 
-        row(f"time mean {name}, {args.threads} threads", best(mean, 3), nbytes)
+        sec = best(mean, 3)
+        rates[name] = nbytes / sec / 1e9
+        row(f"time mean {name}, {args.threads} threads", sec, nbytes)
+    print(f"SUMMARY time mean, {args.threads} threads: unsharded {rates['unsharded']:.2f} GB/s; sharded 256 KiB "
+          f"{rates['inner256k']:.2f} ({rates['inner256k'] / rates['unsharded']:.2f}x), 1 MiB {rates['inner1m']:.2f} "
+          f"({rates['inner1m'] / rates['unsharded']:.2f}x); target >= 1x", flush=True)
 
     # 2b. per-stage ms per block (64 steps) through dask, 1 and 16 threads: which stage of the sharded read is slow
     block = 64
     for threads in (1, args.threads):
         for name in ("unsharded", "inner256k", "inner1m"):
-            x = from_zarr_gpu(paths[name], device="gpu", chunks=(block, 721, 1440))
+            x = from_zarr_gpu(paths[name], device=device, chunks=(block, 721, 1440))
 
             def mean():
                 with dask.config.set(scheduler="threads", num_workers=threads):
@@ -119,24 +137,46 @@ def main() -> int:
             row(f"time mean {name}, blocks of {block} steps, {threads} threads (stages below)", sec, nbytes)
             print(stages.format_stages(st))
 
-    # 3. window calls
+    # 3. window calls: ours with the shard-index cache (default) and without, tensorstore on the same windows
     ref = zarr.open_array(paths["inner256k"], mode="r")
-    sampler = WindowSampler(paths["inner256k"], (4, 128, 128), device="gpu")
+    try:
+        import tensorstore as ts
+
+        ts_arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": paths["inner256k"]}}, read=True).result()
+    except ImportError:
+        ts_arr = None
+    win = (4, 128, 128)
     for batch in (64, 256):
-        starts = [sampler.random_starts(batch, rng=i) for i in range(20)]
-        check = sampler.sample(starts[0]).get()
-        for s, w in zip(starts[0][:8], check[:8]):
-            if not np.array_equal(w, ref[tuple(slice(int(a), int(a) + n) for a, n in zip(s, (4, 128, 128)))]):
-                print(f"FAIL: window at {s} differs from zarr-python")
-                failures += 1
-                break
-        stages.enable()
-        stages.reset()
-        it = iter(range(10**9))
-        sec = best(lambda: sampler.sample(starts[next(it) % 20]), 10)
-        row(f"WindowSampler.sample, {batch} windows per call ({batch / sec:.0f} windows/s)", sec)
-        print(stages.format_stages(stages.snapshot()))
-        stages.enable(False)
+        for label, cache in (("index cache on", "64 MiB"), ("index cache off", 0)):
+            sampler = WindowSampler(paths["inner256k"], win, device=device, index_cache=cache)
+            starts = [sampler.random_starts(batch, rng=100 + i) for i in range(21)]  # the timed calls use fresh windows
+            check = host(sampler.sample(starts[0]))
+            for s, w in zip(starts[0][:16], check[:16]):
+                if not np.array_equal(w, ref[tuple(slice(int(a), int(a) + n) for a, n in zip(s, win))]):
+                    print(f"FAIL: window at {s} differs from zarr-python")
+                    failures += 1
+                    break
+            stages.enable()
+            stages.reset()
+            it = iter(range(1, 10**9))
+            sec = best(lambda: sampler.sample(starts[next(it) % 21]), 10)
+            row(f"WindowSampler.sample, {batch} windows/call, {label} ({batch / sec:.0f} windows/s)", sec)
+            print(stages.format_stages(stages.snapshot()))
+            stages.enable(False)
+            if cache:
+                ours = batch / sec
+        if ts_arr is not None:
+            it = iter(range(1, 10**9))
+
+            def ts_batch():
+                futs = [ts_arr[tuple(slice(int(a), int(a) + n) for a, n in zip(s, win))].read() for s in starts[next(it) % 21]]
+                for f in futs:
+                    f.result()
+
+            sec = best(ts_batch, 10)
+            row(f"tensorstore, {batch} reads in flight ({batch / sec:.0f} windows/s)", sec)
+            print(f"SUMMARY windows {batch}/call: ours {ours:.0f}/s, tensorstore {batch / sec:.0f}/s, "
+                  f"ratio {ours * sec / batch:.2f}x (target 2x)", flush=True)
     print("FAILED" if failures else "ok")
     return 1 if failures else 0
 

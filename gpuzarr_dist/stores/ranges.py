@@ -13,11 +13,12 @@ bytes straight to their (aligned) destinations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import dask.config
+import numpy as np
 
 
 class ByteRange(NamedTuple):
@@ -77,6 +78,57 @@ def coalesce(ranges: Iterable[tuple[str, int, int, int]], gap: int, max_range: i
                 out.append(cur)
             cur.pieces.append(Piece(off, n, dest))
     return out
+
+
+def plan_reads(keys: Sequence[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray, dests: np.ndarray,
+               gap: int, limit: int, span_rule: bool) -> list[MergedRead]:
+    """The merged reads for pieces ``offs``/``sizes`` of objects ``keys[which]`` landing at ``dests``: numpy, no per-piece loop.
+
+    Pieces of size 0 or less (absent chunks) are left out. With ``span_rule``,
+    an object whose pieces do not overlap, span at most ``limit`` bytes and hold
+    at least half of that span is one read (a block reading most of a shard).
+    Every other object is merged as :func:`coalesce` merges it (the same reads,
+    pieces and order; ``tests/test_shard_ranges.py`` checks this on random shard
+    indexes): a piece joins the read before it when it does not overlap the
+    previous piece, the gap is at most ``gap`` and the read stays within
+    ``limit`` bytes (the size limit is applied greedily, a pass per split).
+    Reads come grouped by object number, in offset order.
+    """
+    idx = np.flatnonzero(np.asarray(sizes) > 0)
+    if not len(idx):
+        return []
+    which, offs, sizes, dests = (np.asarray(a, dtype=np.int64)[idx] for a in (which, offs, sizes, dests))
+    order = np.lexsort((dests, sizes, offs, which))  # coalesce sorts (offset, length, dest) tuples per object
+    w, o, s, d = which[order], offs[order], sizes[order], dests[order]
+    e = o + s
+    m = len(o)
+    new_obj = np.ones(m, dtype=bool)
+    new_obj[1:] = w[1:] != w[:-1]
+    overlap = np.zeros(m, dtype=bool)
+    overlap[1:] = (o[1:] < e[:-1]) & ~new_obj[1:]
+    brk = new_obj | overlap
+    brk[1:] |= o[1:] - e[:-1] > gap
+    if span_rule:
+        first = np.flatnonzero(new_obj)
+        lo, hi = o[first], np.maximum.reduceat(e, first)
+        dense = (hi - lo <= limit) & (2 * np.add.reduceat(s, first) >= hi - lo) & ~np.logical_or.reduceat(overlap, first)
+        brk = np.where(np.repeat(dense, np.diff(np.append(first, m))), new_obj, brk)
+    # inside a read the pieces do not overlap and are sorted, so a read's end is its last piece's end:
+    # split a read where it would pass ``limit`` (greedily: the first piece past it starts the next read)
+    while True:
+        seg = np.cumsum(brk) - 1
+        over = (e - o[np.flatnonzero(brk)][seg] > limit) & ~brk
+        if not over.any():
+            break
+        at = np.flatnonzero(over)
+        brk[at[np.unique(seg[at], return_index=True)[1]]] = True
+    starts = np.flatnonzero(brk)
+    stops = np.append(starts[1:], m)
+    r_off = o[starts]
+    r_len = np.maximum.reduceat(e, starts) - r_off
+    pieces = list(map(Piece, o.tolist(), s.tolist(), d.tolist()))
+    return [MergedRead(keys[k], off, n, pieces[a:b])
+            for k, off, n, a, b in zip(w[starts].tolist(), r_off.tolist(), r_len.tolist(), starts.tolist(), stops.tolist())]
 
 
 def merge_gap(default: int) -> int:

@@ -21,10 +21,16 @@ The decoders then see ordinary chunks at aligned offsets, so all inner
 chunks of the block decode in one batch on either device. Indexes are cached
 for the duration of one call only: a later task reads them again (an index
 is one small request), so a rewritten shard is never read through a stale one.
+A :class:`~gpuzarr_dist.WindowSampler` opts in to keeping them across its calls
+(:class:`IndexCache`, bounded, least recently used dropped first): it samples
+the same shards over and over, and treats the array as immutable while it lives.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -32,11 +38,67 @@ import dask.config
 import numpy as np
 
 from .base import ChunkStore
-from .ranges import ByteRange, MergedRead, Piece, coalesce, max_range, merge_gap
+from .ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
 from ..stages import stage_timer as _stage_timer
 from ..codecs.sharding import ShardIndex
 from ..errors import ChunkDecodeError, ChunkReadError
 from ..metadata import ArraySpec
+
+
+class IndexCache:
+    """Decoded shard indexes by shard key, kept across calls up to ``max_bytes`` (least recently used dropped first).
+
+    Nothing invalidates an entry: it is for arrays that are not rewritten while
+    the cache lives (a training set sampled many times). A shard object that
+    did not exist is remembered as absent too. Thread-safe; ``hits`` and
+    ``misses`` count shards looked up.
+    """
+
+    _ABSENT_BYTES = 64  # what an "absent" entry is charged, so a cache of absent shards stays bounded
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = int(max_bytes)
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[str, np.ndarray | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_many(self, shards: Sequence[str]) -> dict[str, np.ndarray | None]:
+        """The cached entries among ``shards`` (marked as recently used)."""
+        out: dict[str, np.ndarray | None] = {}
+        with self._lock:
+            for s in shards:
+                if s in self._entries:
+                    self._entries.move_to_end(s)
+                    out[s] = self._entries[s]
+            self.hits += len(out)
+            self.misses += len(shards) - len(out)
+        return out
+
+    def put_many(self, entries: dict[str, np.ndarray | None]) -> None:
+        with self._lock:
+            for s, ix in entries.items():
+                if s in self._entries:
+                    continue
+                if ix is not None:
+                    ix.flags.writeable = False  # shared by later calls: nobody may change it
+                self._entries[s] = ix
+                self.nbytes += self._size(ix)
+            while self.nbytes > self.max_bytes and self._entries:
+                _, old = self._entries.popitem(last=False)
+                self.nbytes -= self._size(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.nbytes = 0
+
+    def _size(self, ix: np.ndarray | None) -> int:
+        return self._ABSENT_BYTES if ix is None else ix.nbytes
 
 
 class ShardedChunkStore(ChunkStore):
@@ -47,10 +109,11 @@ class ShardedChunkStore(ChunkStore):
         self.spec = spec
         self.array = base.array
         self._index: ShardIndex | None = None
+        self.index_cache: IndexCache | None = None  # off: see the module docstring
         ShardIndex(spec)  # fail early, in the client, on index codecs we cannot read
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_index": None}
+        return {**self.__dict__, "_index": None, "index_cache": None, "_inner_no": {}}  # a copy elsewhere reads its own indexes
 
     @property
     def index(self) -> ShardIndex:
@@ -70,9 +133,19 @@ class ShardedChunkStore(ChunkStore):
     def read_indexes(self, shards: Sequence[str]) -> dict[str, np.ndarray | None]:
         """The decoded index of each shard (``None`` for a shard object that does not exist), one range each."""
         shards = list(dict.fromkeys(shards))
-        off, n = self.index.raw_range()
-        raw = self.base.read_ranges([ByteRange(s, off, n) for s in shards])
-        return {s: None if r is None else self.index.decode(r, s) for s, r in zip(shards, raw)}
+        cache = self.index_cache
+        known = cache.get_many(shards) if cache is not None else {}
+        todo = [s for s in shards if s not in known] if known else shards
+        if todo:
+            off, n = self.index.raw_range()
+            raw = self.base.read_ranges([ByteRange(s, off, n) for s in todo])
+            got = {s: None if r is None else self.index.decode(r, s) for s, r in zip(todo, raw)}
+            if cache is not None:
+                cache.put_many(got)
+            if not known:
+                return got
+            known.update(got)
+        return known
 
     def _name_chunk(self, e: ChunkReadError, keys: Sequence[str], what: str) -> ChunkReadError:
         """``e`` (about a shard object) re-raised against the first inner chunk of ``keys`` in that shard."""
@@ -98,33 +171,55 @@ class ShardedChunkStore(ChunkStore):
                 out.append((shard, int(ix[i, 0]), int(ix[i, 1])))
         return out
 
+    _INNER_MEMO = 1 << 16  # in-shard positions remembered per store (text -> number); more are parsed each call
+
     def _parse(self, keys: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Shard keys (first-seen order), each key's shard number, and its inner chunk's C-order position: vectorised.
 
-        One string split per key and one numpy conversion for all positions (the
-        per-key tuple parsing and ``ravel_multi_index`` call cost more than the read
-        of a small inner chunk on the GPU path).
+        One string split per key (``map``, no Python per key) and a dict lookup
+        of the in-shard position's text (``"1,0,2]"``), remembered per store
+        once parsed and checked; texts not seen before are parsed together
+        with numpy.
         """
         per = self.spec.chunks_per_shard
-        split = [k.rpartition("[") for k in keys]  # (shard, "[", "i,j,k]"): C-level work per key, no Python branches
-        if not all(sep for _, sep, _ in split) or not all(k.endswith("]") for k in keys):
-            bad = next(k for k, (_, sep, _) in zip(keys, split) if not sep or not k.endswith("]"))
+        n = len(keys)
+        if not n:
+            return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        shard_of, seps, texts = zip(*map(str.rpartition, keys, itertools.repeat("[", n)))
+        if "" in seps or not all(map(str.endswith, texts, itertools.repeat("]", n))):
+            bad = next(k for k, sep, t in zip(keys, seps, texts) if not sep or not t.endswith("]"))
             raise ValueError(f"{self.array}: {bad!r} is not an inner-chunk key (shard[i,j,...])")
-        shard_of = [s for s, _, _ in split]
         shard_no = {s: j for j, s in enumerate(dict.fromkeys(shard_of))}
-        which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=len(keys))
-        texts = [t[:-1] for _, _, t in split]
-        if not per or not keys:
-            return list(shard_no), which, np.zeros(len(keys), dtype=np.int64)
+        which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=n)
+        if not per:
+            return list(shard_no), which, np.zeros(n, dtype=np.int64)
+        memo = self.__dict__.setdefault("_inner_no", {})
+        found = list(map(memo.get, texts))
+        if None in found:
+            new = list(dict.fromkeys(t for t, f in zip(texts, found) if f is None))
+            numbers = self._parse_positions(new, keys)
+            if len(memo) + len(new) <= self._INNER_MEMO:
+                memo.update(zip(new, numbers))
+                found = list(map(memo.get, texts))
+            else:
+                local = dict(zip(new, numbers))
+                found = [local[t] if f is None else f for t, f in zip(texts, found)]
+        return list(shard_no), which, np.fromiter(found, dtype=np.int64, count=n)
+
+    def _parse_positions(self, texts: list[str], keys: Sequence[str]) -> list[int]:
+        """C-order positions of in-shard position texts (``"i,j,k]"``), checked against the shard's grid."""
+        per = self.spec.chunks_per_shard
         try:
-            pos = np.array(",".join(texts).split(","), dtype=np.int64).reshape(len(keys), len(per))
+            pos = np.array(",".join(t[:-1] for t in texts).split(","), dtype=np.int64).reshape(len(texts), len(per))
         except ValueError:
             raise ValueError(f"{self.array}: malformed inner-chunk key among {list(keys)[:3]}...") from None
         bad = ((pos < 0) | (pos >= np.array(per))).any(axis=1)
         if bad.any():
-            raise ValueError(f"{self.array}: inner chunk {keys[int(np.argmax(bad))]!r} lies outside its shard of {per} chunks")
+            text = texts[int(np.argmax(bad))]
+            key = next(k for k in keys if k.endswith("[" + text))
+            raise ValueError(f"{self.array}: inner chunk {key!r} lies outside its shard of {per} chunks")
         strides = np.cumprod((1, *per[:0:-1]))[::-1].astype(np.int64)
-        return list(shard_no), which, pos @ strides
+        return (pos @ strides).tolist()
 
     def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Inner chunks into aligned slots of one staging buffer, each shard's bytes in as few reads as possible.
@@ -176,22 +271,8 @@ class ShardedChunkStore(ChunkStore):
                     dests: np.ndarray) -> list[MergedRead]:
         """The merged reads for chunks at ``offs``/``sizes`` of shard ``which`` landing at ``dests``."""
         gap_set = dask.config.get("gpuzarr.shards.merge-gap", None) not in (None, "auto")
-        gap, limit = merge_gap(self.merge_gap_default), max_range()
-        keep = sizes > 0
-        order = np.lexsort((offs, which))
-        order = order[keep[order]]
-        bounds = np.flatnonzero(np.diff(which[order])) + 1
-        reads: list[MergedRead] = []
-        for grp in np.split(order, bounds) if len(order) else []:
-            key = shards[int(which[grp[0]])]
-            o, s, d = offs[grp], sizes[grp], dests[grp]
-            lo, hi = int(o[0]), int((o + s).max())
-            dense = not gap_set and hi - lo <= limit and 2 * int(s.sum()) >= hi - lo and bool((o[1:] >= (o + s)[:-1]).all())
-            if dense:
-                reads.append(MergedRead(key, lo, hi - lo, list(map(Piece, o.tolist(), s.tolist(), d.tolist()))))
-            else:
-                reads.extend(coalesce(zip([key] * len(grp), o.tolist(), s.tolist(), d.tolist()), gap, limit))
-        return reads
+        return plan_reads(shards, which, offs, sizes, dests, merge_gap(self.merge_gap_default), max_range(),
+                          span_rule=not gap_set)
 
     def _check_reads(self, keys: Sequence[str], reads: list[MergedRead], got: list[int], dests: np.ndarray,
                      sizes: np.ndarray) -> None:

@@ -388,6 +388,8 @@ class BlockWriter:
     def run_batches(self, encoder: "BlockEncoder", batches: list["SubBatch"]) -> int:
         """Encode and write ``batches`` in order, launching each encode before the previous batch's writes."""
         total = 0
+        # the objects' folders are made (on a few background threads) while the block is encoded
+        self.writer.prepare([k for b in batches for k in b.object_keys])
         pending = encoder.launch(batches[0].sel, batches[0].keys) if batches else None
         try:
             for k, batch in enumerate(batches):

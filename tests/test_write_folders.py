@@ -154,3 +154,20 @@ def test_fresh_v3_layout_many_folders_reads_back(tmp_path):
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
     names = [n for _, _, ns in os.walk(path) for n in ns]
     assert not [n for n in names if n.endswith(".tmp")]
+
+
+def test_writer_keyword_lists_match_both_signatures():
+    """The one list of keywords ``to_zarr_gpu`` hands to the Dataset writer is what both functions take."""
+    import inspect
+
+    from gpuzarr_dist.write import ARRAY_ONLY_KEYWORDS, DATASET_KEYWORDS, to_zarr_gpu
+    from gpuzarr_dist.xarray_write import dataset_to_zarr_gpu
+
+    def kwonly(fn):
+        return [p.name for p in inspect.signature(fn).parameters.values() if p.kind is p.KEYWORD_ONLY]
+
+    assert sorted(kwonly(to_zarr_gpu)) == sorted([*DATASET_KEYWORDS, *ARRAY_ONLY_KEYWORDS])
+    assert set(DATASET_KEYWORDS) <= set(kwonly(dataset_to_zarr_gpu))
+    for name in DATASET_KEYWORDS:  # same defaults on both sides
+        assert (inspect.signature(to_zarr_gpu).parameters[name].default
+                == inspect.signature(dataset_to_zarr_gpu).parameters[name].default), name

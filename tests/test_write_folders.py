@@ -143,6 +143,9 @@ def test_leftover_temporary_files_are_ignored_and_resume_completes(tmp_path):
     np.testing.assert_array_equal(np.delete(got, 5, axis=0), np.delete(data, 5, axis=0))
     gz.to_zarr_gpu(x, path, chunks=(1, 5, 8), device="cpu", resume=True)
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
+    gz.to_zarr_gpu(x, path, chunks=(1, 5, 8), device="cpu", overwrite=True)  # removes the leftovers too
+    assert not [n for _, _, ns in os.walk(path) for n in ns if n.endswith(".tmp")]
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
 
 
 def test_fresh_v3_layout_many_folders_reads_back(tmp_path):

@@ -388,6 +388,8 @@ class BlockWriter:
     def run_batches(self, encoder: "BlockEncoder", batches: list["SubBatch"]) -> int:
         """Encode and write ``batches`` in order, launching each encode before the previous batch's writes."""
         total = 0
+        # the objects' folders are made (on a few background threads) while the block is encoded
+        self.writer.prepare([k for b in batches for k in b.object_keys])
         pending = encoder.launch(batches[0].sel, batches[0].keys) if batches else None
         try:
             for k, batch in enumerate(batches):
@@ -640,6 +642,13 @@ def _block_objects(spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], block: 
     return [spec.store_key(c) for c in itertools.product(*ranges)]
 
 
+#: ``to_zarr_gpu``'s keywords that it hands on to :func:`~gpuzarr_dist.xarray_write.dataset_to_zarr_gpu`
+#: for an ``xr.Dataset`` (one list for both signatures; ``tests/test_write_folders.py`` checks them)
+DATASET_KEYWORDS = ("codec", "level", "chunks", "shards", "overwrite", "compute", "storage_options", "crc32c", "device")
+#: ``to_zarr_gpu``'s keywords that apply to one array only (refused with a Dataset)
+ARRAY_ONLY_KEYWORDS = ("resume", "fill_value", "attributes", "dimension_names")
+
+
 def to_zarr_gpu(
     x: Any,
     target: Any,
@@ -719,12 +728,11 @@ def to_zarr_gpu(
     if type(x).__name__ == "Dataset" and type(x).__module__.startswith("xarray"):
         from .xarray_write import dataset_to_zarr_gpu  # the Dataset writer builds on this module
 
+        given = locals()
         if resume or fill_value is not None or attributes is not None or dimension_names is not None:
-            raise TypeError("resume, fill_value, attributes and dimension_names apply to arrays, not to a Dataset "
-                            "(xarray writes a Dataset's attributes and fill values from its encoding)")
-        return dataset_to_zarr_gpu(x, target, component, codec=codec, level=level, chunks=chunks, shards=shards,
-                                   overwrite=overwrite, compute=compute, storage_options=storage_options,
-                                   crc32c=crc32c, device=device)
+            raise TypeError(f"{', '.join(ARRAY_ONLY_KEYWORDS[:-1])} and {ARRAY_ONLY_KEYWORDS[-1]} apply to arrays, "
+                            "not to a Dataset (xarray writes a Dataset's attributes and fill values from its encoding)")
+        return dataset_to_zarr_gpu(x, target, component, **{k: given[k] for k in DATASET_KEYWORDS})
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {device!r}")
     if device == "gpu":

@@ -25,7 +25,7 @@ def test_ceiling_rows_write_our_objects(tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     rows, lines = ceiling_rows(objects, data.nbytes, 2, str(work), repeat=1)
-    assert len(rows) == 4 and len(lines) == 5
+    assert len(rows) == 6 and len(lines) == 7
     ratio = data.nbytes / sum(sizes.values())
     for r in rows:
         assert r.nbytes == data.nbytes and r.seconds > 0

@@ -38,3 +38,14 @@ def io_pool() -> ThreadPoolExecutor:
 def decode_pool() -> ThreadPoolExecutor:
     """Threads that decode chunks on the CPU (``gpuzarr.decode-threads``)."""
     return _pool("decode", config.decode_threads())
+
+
+def folder_pool() -> ThreadPoolExecutor:
+    """A few threads that make a write's folders ahead of its objects (while the block is encoded).
+
+    Apart from :func:`io_pool` so that making folders for blocks still being
+    encoded never queues behind, or ahead of, another block's file writes.
+    Making folders in one parent is serialised by the filesystem, so a few
+    threads are enough.
+    """
+    return _pool("folders", min(4, config.io_threads()))

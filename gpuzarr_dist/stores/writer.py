@@ -4,7 +4,8 @@ A reader must never see half an object: a torn chunk would decode into garbage
 or fail, where a missing one reads as the fill value. So:
 
 - **local folders** (:class:`LocalObjectWriter`): each object is written to a
-  temporary name in its own folder (``.<name>.<random>.tmp``) and renamed over
+  temporary name in its own folder (``.<name>.<process tag>-<counter>.tmp``, never a
+  chunk key: it starts with a dot) and renamed over
   its final name with ``os.replace``, which POSIX makes atomic within a
   filesystem; an interrupted write leaves at most a stray temporary file
   (never read: it is not a chunk key) and never a partial chunk.
@@ -26,6 +27,7 @@ Writers are picklable and hold no open handles: dask ships them to workers.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import secrets
 from abc import ABC, abstractmethod
@@ -52,6 +54,12 @@ def as_views(data: Any) -> list[memoryview]:
 def joined(data: Any) -> Any:
     """One buffer holding the object (a list or tuple of buffers is joined)."""
     return b"".join(data) if isinstance(data, (list, tuple)) else data
+
+
+def _write_view(fd: int, view: memoryview) -> None:
+    """Write one buffer at the file position with ``os.write`` (no copy), resuming short writes."""
+    while len(view):
+        view = view[os.write(fd, view):]
 
 
 def _write_views(fd: int, views: Sequence[memoryview], offset: int | None) -> None:
@@ -104,16 +112,31 @@ class ObjectWriter(ABC):
     def existing(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key holds an object already."""
 
+    def prepare(self, keys: Sequence[str]) -> None:
+        """A hint that ``keys`` will be written soon (e.g. make their folders ahead); returns at once. Optional."""
+
 
 class LocalObjectWriter(ObjectWriter):
-    """Objects as files under ``root`` (the array's folder): temporary name, then ``os.replace``."""
+    """Objects as files under ``root`` (the array's folder): temporary name, then ``os.replace``.
+
+    The cost of a write here is the copy into the page cache; everything
+    around it is kept to a few system calls per object: the temporary file is
+    opened straight away (no ``stat``, no ``makedirs``) and its folder is made
+    only when that open says it is missing, so objects going into folders that
+    exist cost one ``open``, one ``write`` (or ``writev``), one ``close`` and
+    one ``rename``. Folders are what a fresh Zarr v3 array (keys ``c/i/j/...``)
+    pays for most: a ``mkdir`` costs as much as writing megabytes, and those
+    in one parent folder run one at a time in the kernel. So :meth:`prepare`
+    starts making a block's folders on a few background threads while the
+    block is still being encoded.
+    """
 
     def __init__(self, root: str, array: str | None = None, fsync: bool = False):
         self.root = os.path.abspath(root)
         self.array = array or self.root
         #: also fsync each file before the rename (survives power loss; slower, off by default like zarr-python)
         self.fsync = fsync
-        self._folders: set[str] = set()  # folders made already (per process: not pickled)
+        self._folders: set[str] = set()  # folders made, or handed to prepare's threads (per process: not pickled)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_folders": set()}
@@ -121,25 +144,54 @@ class LocalObjectWriter(ObjectWriter):
     def path(self, key: str) -> str:
         return os.path.join(self.root, *key.split("/"))
 
-    def _create(self, folder: str, tmp: str) -> int:
-        """Open ``tmp`` (new) for writing; its folder is made once per writer, not once per object."""
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    def _check_key(self, key: str) -> None:
+        """A key names a file under ``root``: no empty, ``.`` or ``..`` part (which would leave the array's folder)."""
+        if not key or any(p in ("", ".", "..") for p in key.split("/")):
+            raise ChunkWriteError(self.array, key, "not a valid object key (empty, '.' or '..' part)")
+
+    def prepare(self, keys: Sequence[str]) -> None:
+        """Start making the folders that ``keys`` go into, on :func:`folder_pool`'s threads, and return.
+
+        Called before a block is encoded so that its folders are made while it
+        is. Best effort: a folder not made (yet, or at all) is made by the
+        write that needs it, which also reports any error naming its key.
+        """
         folders = self.__dict__.setdefault("_folders", set())
-        if folder not in folders:
-            os.makedirs(folder, exist_ok=True)
-            folders.add(folder)
+        todo = []
+        for key in keys:
+            folder = os.path.dirname(self.path(key))
+            if folder not in folders and folder != self.root:
+                folders.add(folder)
+                todo.append(folder)
+        if todo:
+            from ..runtime.threads import folder_pool
+
+            pool = folder_pool()
+            for folder in sorted(todo):  # parents before children
+                pool.submit(_make_folder_quietly, folder)
+
+    def _create(self, folder: str, tmp: str) -> int:
+        """Open ``tmp`` (new) for writing, making its folder only when the open finds it missing.
+
+        A folder removed since it was made (by hand, or by another process) is
+        made again the same way; many threads finding one new folder missing at
+        once all make it, which ``exist_ok`` makes safe.
+        """
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
             return os.open(tmp, flags, 0o666)
-        except FileNotFoundError:  # the folder went away since (e.g. removed by hand): make it again
+        except FileNotFoundError:
             os.makedirs(folder, exist_ok=True)
+            self.__dict__.setdefault("_folders", set()).add(folder)
             return os.open(tmp, flags, 0o666)
 
     def put(self, key: str, data: Any, split: bool = False) -> int:
         """Write one object (a buffer, or a list of buffers end to end) atomically; ``split``: with several
         I/O threads when it is large (only from a thread that is not itself an I/O thread)."""
+        self._check_key(key)
         path = self.path(key)
         folder, name = os.path.split(path)
-        tmp = os.path.join(folder, f".{name}.{secrets.token_hex(6)}.tmp")
+        tmp = os.path.join(folder, f".{name}.{_temp_tag()}.tmp")
         views = as_views(data)
         total = sum(len(v) for v in views)
         try:
@@ -150,6 +202,8 @@ class LocalObjectWriter(ObjectWriter):
                     wait(futures)  # all of them before the descriptor closes, failed or not
                     for f in futures:
                         f.result()
+                elif len(views) == 1:
+                    _write_view(fd, views[0])
                 else:
                     _write_views(fd, views, None)
                 if self.fsync:
@@ -162,19 +216,51 @@ class LocalObjectWriter(ObjectWriter):
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise ChunkWriteError(self.array, key, f"{type(e).__name__}: {e.strerror or e}") from e
+            reason = f"{type(e).__name__}: {e.strerror or e}"
+            if isinstance(e, (NotADirectoryError, FileExistsError)) and not os.path.isdir(folder):
+                reason += f" (a file stands in the way of its folder {os.path.relpath(folder, self.root)!r})"
+            raise ChunkWriteError(self.array, key, reason) from e
         return total
 
     def put_many(self, items: Sequence[tuple[str, Any]]) -> int:
         if len(items) <= 1:  # e.g. one shard per block: its pieces go out on several I/O threads
             return sum(self.put(k, d, split=True) for k, d in items)
-        return sum(io_pool().map(lambda kd: self.put(*kd), items))
+        return sum(io_pool().map(self._put_item, items))
+
+    def _put_item(self, item: tuple[str, Any]) -> int:
+        return self.put(item[0], item[1])
 
     def existing(self, keys: Sequence[str]) -> list[bool]:
         return [os.path.isfile(self.path(k)) for k in keys]
 
     def __repr__(self) -> str:
         return f"LocalObjectWriter({self.root!r})"
+
+
+def _make_folder_quietly(folder: str) -> None:
+    """``os.makedirs`` for :meth:`LocalObjectWriter.prepare`: errors are left to the write that needs the folder."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError:
+        pass
+
+
+_temp_state: tuple[int, str, Any] | None = None
+
+
+def _temp_tag() -> str:
+    """A temporary-name tag unique to this object write: a per-process random prefix and a counter.
+
+    Cheaper than a random token per object, and still unique across
+    processes and hosts sharing a filesystem (two hosts may run the same pid);
+    re-drawn in a forked child.
+    """
+    global _temp_state
+    state = _temp_state
+    pid = os.getpid()
+    if state is None or state[0] != pid:
+        state = _temp_state = (pid, f"{pid:x}{secrets.token_hex(4)}", itertools.count())
+    return f"{state[1]}-{next(state[2]):x}"
 
 
 class ZarrStoreWriter(ObjectWriter):

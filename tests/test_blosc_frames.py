@@ -227,6 +227,73 @@ def test_stream_running_past_the_frame_end_is_caught(good):
         bf.plan_frames("a", bad, [0], [bad.size], ["0"], raw.size)
 
 
+
+def _numcodecs_rejects(frame: np.ndarray) -> bool:
+    try:
+        numcodecs.Blosc().decode(frame.tobytes())
+    except RuntimeError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def stored():
+    """A frame numcodecs stores whole (memcpyed): incompressible data, as the GPU fuzz's 16400-byte cases."""
+    raw = _data("random", 16384, 4, 7)
+    frame = _encode(raw, 4, cname="lz4", clevel=5, shuffle=1, blocksize=0)
+    assert frame[2] & bf.MEMCPYED and frame.size == raw.size + bf.HEADER
+    plan = bf.plan_frames("a", frame, [0], [frame.size], ["0"], raw.size)
+    np.testing.assert_array_equal(bf.decode_plan_cpu(plan, frame)[: raw.size], raw)
+    return raw, frame
+
+
+@pytest.mark.parametrize(
+    "at, value, message",
+    [
+        (8, _i32(0), "blocksize 0"),
+        (8, _i32(-1), "blocksize -1"),
+        (8, _i32(16385), "blocksize 16385"),  # one more than the decoded size
+        (8, _i32(2**31 - 1), "blocksize 2147483647"),
+        (3, b"\x00", "typesize 0"),
+    ],
+    ids=["blocksize-0", "blocksize-negative", "blocksize-above-nbytes", "blocksize-max", "typesize-0"],
+)
+def test_stored_frames_get_the_header_checks_c_blosc_makes(stored, at, value, message):
+    # c-blosc checks typesize and blocksize before the memcpyed flag; the plan used to copy such frames out
+    # (60 of the 78 silent wrong values of the GPU fuzz, seed 20261122, were these)
+    raw, frame = stored
+    bad = _corrupt(frame, at, value)
+    assert _numcodecs_rejects(bad)
+    host, offsets, sizes = _batch([frame, bad])
+    with pytest.raises(ChunkDecodeError) as e:
+        bf.plan_frames("t2m", host, offsets, sizes, ["0.0", "0.1"], raw.size)
+    assert e.value.array == "t2m" and e.value.key == "0.1" and e.value.codec == "blosc"
+    assert message in str(e.value)
+
+
+def test_stored_frames_ignore_the_compressor_version_byte(stored):
+    # c-blosc never reads byte 1 of a memcpyed frame: the plan must not reject it either
+    raw, frame = stored
+    other = _corrupt(frame, 1, b"\x07")
+    assert bytes(numcodecs.Blosc().decode(other.tobytes())) == raw.tobytes()
+    plan = bf.plan_frames("a", other, [0], [other.size], ["0"], raw.size)
+    np.testing.assert_array_equal(bf.decode_plan_cpu(plan, other)[: raw.size], raw)
+
+
+@pytest.mark.parametrize("cname", CNAMES + ["blosclz"])
+@pytest.mark.parametrize("version", [0, 2, 0xC1])
+def test_compressor_format_version_must_be_one(cname, version):
+    # blosc_d answers -9 to a compressor format version it does not know (4 silent cases of the GPU fuzz)
+    raw = _data("smooth", 20000, 4, 3)
+    frame = _encode(raw, 4, cname=cname, clevel=5, shuffle=1, blocksize=0)
+    assert not frame[2] & bf.MEMCPYED and frame[1] == bf.FORMAT_VERSION
+    bad = _corrupt(frame, 1, bytes([version]))
+    assert _numcodecs_rejects(bad)
+    with pytest.raises(ChunkDecodeError, match=f"compressor format version {version}") as e:
+        bf.plan_frames("t2m", bad, [0], [bad.size], ["1.2"], raw.size)
+    assert e.value.key == "1.2"
+
+
 # ---- the CUDA kernels, compiled as C++ and run sequentially over the same plans ----
 
 _PRELUDE = r"""

@@ -46,6 +46,8 @@ FORMATS = {0: "blosclz", 1: "lz4", 2: "snappy", 3: "zlib", 4: "zstd"}
 GPU_FORMATS = {1: "LZ4", 3: "Deflate", 4: "Zstd"}
 #: ``cname`` values of the codec configuration the GPU path decodes
 GPU_CNAMES = ("lz4", "lz4hc", "zlib", "zstd")
+#: the compressor format version (header byte 1) c-blosc 1.x writes and accepts for every compressor
+FORMAT_VERSION = 1
 RAW = -1  # piece codec of a stream stored uncompressed
 #: block modes
 COPY, BYTE_UNSHUFFLE, BIT_UNSHUFFLE = 0, 1, 2
@@ -122,12 +124,19 @@ def _header(array: str, key: str, frame: np.ndarray, size: int, expected: int) -
         raise fail(f"blosc header states {nbytes} decoded bytes, expected {expected}")
     if nbytes == 0:
         return flags, max(typesize, 1), 1, 0
+    # c-blosc checks typesize and blocksize before it looks at the memcpyed flag: a stored
+    # frame with a damaged blocksize or a zero typesize is rejected too, not copied out
+    if typesize == 0 or blocksize <= 0 or blocksize > nbytes or blocksize > MAX_BLOCKSIZE:
+        raise fail(f"blosc header states typesize {typesize} and blocksize {blocksize} for {nbytes} bytes")
     if flags & MEMCPYED:
         if cbytes != nbytes + HEADER:
             raise fail(f"stored (memcpyed) blosc frame of {cbytes} bytes for {nbytes} decoded bytes")
-        return flags, max(typesize, 1), MEMCPY_BLOCK, -(-nbytes // MEMCPY_BLOCK)
-    if typesize == 0 or blocksize <= 0 or blocksize > nbytes or blocksize > MAX_BLOCKSIZE:
-        raise fail(f"blosc header states typesize {typesize} and blocksize {blocksize} for {nbytes} bytes")
+        return flags, typesize, MEMCPY_BLOCK, -(-nbytes // MEMCPY_BLOCK)
+    # blosc_d rejects a frame whose compressor format version (byte 1) is not the one it
+    # knows (1 for every Blosc1 compressor); stored frames never reach that check
+    if h[1] != FORMAT_VERSION:
+        raise fail(f"blosc header states compressor format version {h[1]} for {FORMATS.get(flags >> 5, 'an unknown compressor')} "
+                   f"(c-blosc writes and reads {FORMAT_VERSION})")
     nblocks = -(-nbytes // blocksize)
     if nblocks > (cbytes - HEADER) // 4:
         raise fail(f"blosc frame of {cbytes} bytes cannot hold the starts of its {nblocks} blocks")

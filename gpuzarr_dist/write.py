@@ -623,12 +623,35 @@ def write_array_graph(
     written = da.map_blocks(writer, x, dtype=np.int64, chunks=tuple((1,) * len(c) for c in x.chunks), name=name,
                             meta=meta)
     keys = list(np.ndindex(*x.numblocks)) if x.ndim else [()]
+    _prefetch_folders(writer.writer, spec, x.chunks, keys)
     if resume:
         keys = [k for k in keys if not all(writer.writer.existing(_block_objects(spec, x.chunks, k)))]
     final = "to-zarr-gpu-done-" + tokenize(name, keys)
     layer = {(final,): Task((final,), _total, *(TaskRef((name, *k)) for k in keys))}
     graph = HighLevelGraph.from_collections(final, layer, dependencies=[written])
     return da.Array(graph, final, chunks=(), dtype=np.int64, meta=np.empty((), dtype=np.int64))
+
+
+#: the most objects whose folders :func:`_prefetch_folders` starts making when the graph is built
+PREFETCH_FOLDERS_MAX = 100_000
+
+
+def _prefetch_folders(writer: Any, spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], blocks: list) -> None:
+    """Start making every object's folder now, in block order, on background threads (local stores only).
+
+    Measured on the H200 machine's ext4 disk (``bench write``, 600 objects in
+    ``c/<t>/0/0``): writing into folders made beforehand ran at 12.7 GB/s
+    stored, against 4.3 GB/s when each write first made its folder; ``mkdir``
+    in one parent folder runs one at a time. Made from the start, the folders
+    are ready before most blocks are encoded. Best effort, as each block's own
+    :meth:`prepare`: a write whose folder is not there yet makes it.
+    """
+    if type(writer).prepare is ObjectWriter.prepare or not blocks:
+        return
+    n = math.prod(-(-sum(c) // u) for c, u in zip(chunks, spec.read_unit)) if chunks else 1
+    if n > PREFETCH_FOLDERS_MAX:
+        return
+    writer.prepare([k for b in blocks for k in _block_objects(spec, chunks, b)])
 
 
 def _block_objects(spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], block: tuple[int, ...]) -> list[str]:

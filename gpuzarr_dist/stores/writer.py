@@ -167,7 +167,7 @@ class LocalObjectWriter(ObjectWriter):
             from ..runtime.threads import folder_pool
 
             pool = folder_pool()
-            for folder in sorted(todo):  # parents before children
+            for folder in todo:  # in the order asked (the blocks' order); makedirs makes the parents
                 pool.submit(_make_folder_quietly, folder)
 
     def _create(self, folder: str, tmp: str) -> int:

@@ -38,6 +38,7 @@ from .gpu import _cpu_diagnose, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_co
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 from ..runtime.once import warn_once
+from ..stages import enabled as _stages_enabled, stage_timer
 
 #: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
 MAX_STREAM = 1 << 24
@@ -78,6 +79,13 @@ def decode_blosc_batch(
     from nvidia import nvcomp
 
     array = pipeline.array
+    timed = stage_timer()  # sub-stages of "decode: blosc" (opt-in, see ..stages); GPU ones synchronise only then
+
+    def mark(name: str) -> None:
+        if _stages_enabled():
+            stream.synchronize()
+        timed(name)
+
     plan = bf.plan_frames(array, host, offsets, sizes, keys, expected, stride)
     if plan.unsupported:
         _warn_cpu(array, plan.unsupported)
@@ -92,6 +100,7 @@ def decode_blosc_batch(
     pl = bf.place(plan, in_total)
     comp = np.flatnonzero(plan.piece_codec != bf.RAW)
     seg_block, seg_start = segments(plan.block_size)
+    timed("blosc: plan frames (host)")
     tables = [pl.gather_src, pl.gather_dst, pl.gather_len, pl.piece_at, plan.block_dst, plan.block_size,
               plan.block_piece0, plan.block_neblock, plan.block_typesize, plan.block_mode, seg_block, seg_start]
     with stream:
@@ -103,9 +112,12 @@ def decode_blosc_batch(
             views.append(packed[at : at + len(t)])
             at += len(t)
         gsrc, gdst, glen, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart = views
+        mark("blosc: H2D")
         if comp.size:
             _kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
-            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream, nvcomp):
+            mark("blosc: gather")
+            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream, nvcomp,
+                                   mark):
                 stream.synchronize()
                 return None
         _kernel("blosc_unshuffle", UNSHUFFLE_SRC)(
@@ -114,12 +126,13 @@ def decode_blosc_batch(
              np.int64(len(seg_block)), np.int64(SEGMENT)),
         )
         stream.synchronize()  # ``work`` and the tables are freed on return
+        timed("blosc: unshuffle")
     return out
 
 
 def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placement, comp: np.ndarray,
                     work: cupy.ndarray, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                    keys: Sequence[str], stream: cupy.cuda.Stream, nvcomp) -> bool:
+                    keys: Sequence[str], stream: cupy.cuda.Stream, nvcomp, mark) -> bool:
     """Check, then decode the gathered streams: one batched nvCOMP call per inner codec.
 
     Returns ``False`` where the batch must go to the CPU (a zstd stream that
@@ -159,6 +172,7 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
                     raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
                 if suspects:  # impossible entropy structure: never handed to nvCOMP (it hung and faulted on such)
                     raise diagnose(g[[i for i, _ in suspects]], suspects[0][1])
+        mark(f"blosc: {name} walk")
         out_offs = pl.decode_at[pieces].tolist()
         out_caps = [int(bf._align(d)) for d in dsize.tolist()]
         try:
@@ -170,6 +184,7 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
             actual = np.asarray(list(res.buffer_sizes), dtype=np.int64)
         except (RuntimeError, ValueError, MemoryError) as e:
             raise diagnose(np.arange(sel.size), f"nvCOMP: {e}") from e
+        mark(f"blosc: {name} nvCOMP")
         bad = np.flatnonzero(actual != dsize)
         if bad.size:
             raise diagnose(bad, f"decoded to {actual[bad[0]]} bytes, expected {dsize[bad[0]]}")

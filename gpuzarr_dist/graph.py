@@ -108,7 +108,7 @@ def from_zarr_gpu(
         The array's path inside a group or store.
     chunks
         ``"auto"`` (default): blocks are whole multiples of the Zarr chunks of
-        about ``gpuzarr.block-size.{cpu,gpu}`` bytes (128 MiB / 256 MiB by
+        about ``gpuzarr.block-size.{cpu,gpu}`` bytes (128 MiB / ``auto`` by
         default). A byte string (``"1 GiB"``) sets that size for this call.
         Anything else is passed to dask's ``normalize_chunks`` and honoured as
         given.

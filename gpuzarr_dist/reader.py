@@ -85,11 +85,17 @@ class BlockReader:
         if self.device == "gpu":
             from .reader_gpu import read_plan_gpu
 
-            try:
-                out = read_plan_gpu(self, plan)
-            except Exception as e:
-                from .runtime.memory import is_out_of_memory, out_of_memory_error
+            from .runtime.memory import is_out_of_memory, out_of_memory_error, release_cached_device_memory
 
+            try:
+                try:
+                    out = read_plan_gpu(self, plan)
+                except Exception as e:
+                    # once more after the pool's cached blocks go back to CUDA (nvCOMP allocates outside the pool)
+                    if not is_out_of_memory(e) or isinstance(e, GpuOutOfMemoryError) or not release_cached_device_memory():
+                        raise
+                    out = read_plan_gpu(self, plan)
+            except Exception as e:
                 if is_out_of_memory(e) and not isinstance(e, GpuOutOfMemoryError):
                     raise out_of_memory_error(self.spec.name, plan.out_shape, self.spec.dtype, len(plan.parts), e) from e
                 raise

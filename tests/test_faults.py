@@ -176,6 +176,59 @@ def test_gpu_out_of_memory_names_the_block_and_how_to_shrink_it(monkeypatch, sto
     assert isinstance(info.value.__cause__, OutOfMemoryError)
 
 
+class _FakePool:
+    """CuPy's default memory pool as far as :func:`release_cached_device_memory` uses it."""
+
+    def __init__(self, cached: int):
+        self.total, self.cached, self.freed = cached + 100, cached, 0
+
+    def total_bytes(self) -> int:
+        return self.total
+
+    def free_all_blocks(self) -> None:
+        self.total -= self.cached
+        self.freed += 1
+        self.cached = 0
+
+
+@pytest.mark.parametrize("cached, fails", [(1 << 20, 1), (0, 1), (1 << 20, 2)])
+def test_gpu_out_of_memory_retries_once_after_releasing_the_pool(request, monkeypatch, stored, cached, fails):
+    """An allocation failure frees CuPy's cached blocks and reads the block again, once; only a pool that
+    released nothing, or a second failure, gives the GpuOutOfMemoryError (tested with stand-in modules)."""
+    if "gpu" in request.node.keywords:
+        pytest.skip("replaces cupy with a stand-in: run where cupy is not in use (the CPU parameter)")
+    path, expected = stored
+
+    class OutOfMemoryError(MemoryError):
+        pass
+
+    pool = _FakePool(cached)
+    calls = []
+    fake = types.ModuleType("gpuzarr_dist.reader_gpu")
+
+    def read_plan_gpu(reader, plan):
+        calls.append(pool.cached)
+        if len(calls) <= fails:
+            raise OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes")
+        return reader._read_plan_cpu(plan)  # the right values, from the CPU path
+
+    fake.read_plan_gpu = read_plan_gpu
+    monkeypatch.setitem(sys.modules, "gpuzarr_dist.reader_gpu", fake)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: pool))
+    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.stores.source import open_source
+
+    store, spec = open_source(path)
+    reader = BlockReader(store, spec, "gpu")
+    if cached and fails == 1:
+        np.testing.assert_array_equal(reader[0:8, 0:6], expected[0:8, 0:6])
+        assert calls == [cached, 0] and pool.freed == 1  # the retry ran after the release
+    else:
+        with pytest.raises(gz.GpuOutOfMemoryError, match="block-size.gpu"):
+            reader[0:8, 0:6]
+        assert len(calls) == (2 if cached else 1) and pool.freed == 1
+
+
 @pytest.mark.gpu
 def test_gpu_out_of_memory_on_the_device(tmp_path):
     """A block larger than the device's memory pool limit fails with the message, not a hang or a crash."""

@@ -57,7 +57,7 @@ def test_pbs_job_script_derecho_gpu_node():
     setup = lines.index("module load conda")
     assert lines[setup + 1] == "conda activate gz"
     io = lines.index("export DASK_GPUZARR__IO_THREADS=32")
-    assert "export DASK_GPUZARR__BLOCK_SIZE__GPU='256 MiB'" in lines
+    assert "export DASK_GPUZARR__BLOCK_SIZE__GPU=auto" in lines  # resolved on the worker, for its own GPU
     args = _worker_command(script)
     assert lines.index(" ".join(shlex.quote(a) for a in args)) > io > setup
     # one dask-cuda worker command per job: dask-cuda starts one process per GPU of the node

@@ -34,7 +34,8 @@ from ..errors import DeviceUnavailableError
 from .device import DEVICES, gpu_status
 
 #: threads per GPU worker: the decode stage scaled up to 8-16 threads on an H200, and each thread
-#: holds about 6 blocks of device memory (1.5 GB with 256 MiB blocks), so 8 threads use ~12 GB
+#: holds about 6 blocks of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with an H200's auto blocks of
+#: ~890 MiB), so 8 threads use 12-45 GB
 DEFAULT_THREADS_PER_GPU = 8
 #: fraction of each GPU's memory a worker may hold results in before it spills them to host memory
 DEFAULT_DEVICE_MEMORY_LIMIT = 0.8

@@ -38,6 +38,19 @@ def gpu_available() -> bool:
     return gpu_status()[0]
 
 
+def gpu_memory_bytes() -> int:
+    """Total memory of this process's current CUDA device in bytes, or 0 where no GPU is usable.
+
+    Reads the device's properties (no context, no allocation), so the client
+    that builds a graph can size GPU blocks without holding GPU memory.
+    """
+    if not gpu_status()[0]:
+        return 0
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["totalGlobalMem"])
+
+
 def resolve_device(device: str) -> str:
     """Turn ``"auto"``/``"gpu"``/``"cpu"`` into ``"gpu"`` or ``"cpu"``.
 

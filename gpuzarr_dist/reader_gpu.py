@@ -49,14 +49,6 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     keys = spec.chunk_keys([p.coords for p in plan.parts])
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
-    _decode_place(reader, plan, out, host, keys, offsets, sizes, stream, timed)
-    return out
-
-
-def _decode_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, keys, offsets, sizes,
-                  stream: cupy.cuda.Stream, timed) -> None:
-    """Copy the staged chunks up, decode them in one batch and place them into ``out``; returns once done."""
-    spec, pipeline = reader.spec, reader.pipeline
     present = [i for i, n in enumerate(sizes) if n >= 0]
     for i, n in enumerate(sizes):
         if n < 0:
@@ -81,6 +73,7 @@ def _decode_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, ke
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     timed("place")
+    return out
 
 
 def _unit_step_grid(plan: Plan) -> bool:

@@ -311,3 +311,30 @@ def _hyp_pool() -> list[tuple[bytes, int]]:
 
 
 _HYP_POOL = _hyp_pool()
+
+
+def test_fuzz_summary_counts_the_deflate_walks_rejections():
+    import collections as _c
+
+    import gpu_fuzz as gf
+    from gpuzarr_dist.codecs.deflate_walk import walk_reason
+
+    by_check = _c.Counter({gf._category(DEFLATE_WALK_REASONS[-19]): 3,
+                           gf._category(f"blosc zlib stream: {DEFLATE_WALK_REASONS[-21]}"): 2,
+                           gf._category(walk_reason(100, 4096)): 1,
+                           gf._category("zlib adler32 checksum does not match the decoded data"): 7})
+    fields = dict(kv.split("=") for kv in gf.summary_line(_c.Counter(), by_check, 10, 2).split()[1:])
+    assert fields["rejected-by-deflate-walk"] == "6" and fields["rejected-by-walk"] == "0"
+
+
+def test_deflate_walk_threads_config():
+    import dask.config
+
+    from gpuzarr_dist.config import deflate_walk_threads
+
+    assert deflate_walk_threads() == 0  # "auto"
+    with dask.config.set({"gpuzarr.gpu.deflate-walk-threads": 32}):
+        assert deflate_walk_threads() == 32
+    with dask.config.set({"gpuzarr.gpu.deflate-walk-threads": 0}), pytest.raises(ValueError):
+        with dask.config.set({"gpuzarr.gpu.deflate-walk-threads": 4096}):
+            deflate_walk_threads()

@@ -338,3 +338,18 @@ def test_deflate_walk_threads_config():
     with dask.config.set({"gpuzarr.gpu.deflate-walk-threads": 0}), pytest.raises(ValueError):
         with dask.config.set({"gpuzarr.gpu.deflate-walk-threads": 4096}):
             deflate_walk_threads()
+
+
+def test_blosc_matrix_zlib_streams_pass_the_walk_and_their_adler32(host):
+    """Every zlib stream of the Blosc test matrix (type sizes, levels, block sizes, data kinds; short last blocks)."""
+    from test_blosc_frames import SHUFFLES, _cases
+
+    streams = []
+    for shuffle in SHUFFLES:
+        for nbytes, items in _cases("zlib", shuffle):
+            streams += _blosc_streams([bytes(f) for _, _, f in items], nbytes)
+    assert len(streams) > 100
+    results = host.walk([s for s, _ in streams], DEFLATE_ZLIB, [d for _, d in streams])
+    assert [r for (s, d), r in zip(streams, results) if r != (d, len(s) - 4)] == []
+    decoded = [zlib.decompress(s) for s, _ in streams]
+    assert host.adler32(decoded, ADLER32_SEGMENT) == [int.from_bytes(s[-4:], "big") for s, _ in streams]

@@ -126,7 +126,8 @@ def test_zlib_chunk_with_bytes_after_its_checksum_reads_as_zarr_python_reads_it(
     path, _ = _zlib_v2(tmp_path)
     p = pathlib.Path(path, "4.0.0")
     p.write_bytes(p.read_bytes() + b"\x00\x01trailing")
-    got = gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get()
+    with pytest.warns(RuntimeWarning, match="decode on the CPU"):
+        got = gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get()
     assert_same(got, reference(path))
 
 
@@ -213,4 +214,6 @@ def test_gzip_member_with_reserved_flags_reads_as_the_cpu_decoder_reads_it(tmp_p
     b[3] |= 0x80
     p.write_bytes(bytes(b))
     assert len(numcodecs.GZip().decode(bytes(b))) == data[3].nbytes
-    assert_same(gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get(), data)
+    with pytest.warns(RuntimeWarning, match="reserved flag"):
+        got = gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute().get()
+    assert_same(got, data)

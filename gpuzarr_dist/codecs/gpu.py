@@ -396,12 +396,13 @@ def decode_batch_gpu(
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name in ("gzip", "zlib"):  # always: nvCOMP's Deflate hangs on some damaged streams
             from .deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
-            from .gpu_deflate import deflate_suspects
+            from .gpu_deflate import deflate_suspects, warn_cpu_fallback
 
             suspects = deflate_suspects(dev, offsets, sizes, expected,
                                         DEFLATE_GZIP if codec.name == "gzip" else DEFLATE_ZLIB, stream)
             if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects, codec.name)
+                warn_cpu_fallback(pipeline.array, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)

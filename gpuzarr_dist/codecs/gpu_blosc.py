@@ -36,7 +36,7 @@ from . import blosc_frames as bf
 from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
 from .deflate_walk import DEFLATE_ZLIB
 from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
-from .gpu_deflate import adler32_mismatches, deflate_suspects
+from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 from ..runtime.once import warn_once
@@ -176,6 +176,7 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
                                         DEFLATE_ZLIB, stream)
             if suspects:  # never handed to nvCOMP: the CPU names a bad chunk or, accepting them all, decodes the batch
                 judge(suspects)
+                warn_cpu_fallback(array, suspects)
                 return False
         out_offs = pl.decode_at[pieces].tolist()
         out_caps = [int(bf._align(d)) for d in dsize.tolist()]

@@ -27,7 +27,9 @@ import numpy as np
 from . import host_checks
 from .deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
 from .gpu import _kernel
+from ..runtime.once import warn_once
 
+_warned: set[str] = set()
 _sm_count: dict[int, int] = {}
 _sm_lock = threading.Lock()
 
@@ -90,6 +92,17 @@ def deflate_suspects(buf: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[
     lengths, _ = deflate_walk(buf, offsets, sizes, expected, wrap, stream)
     want = np.broadcast_to(np.asarray(expected, dtype=np.int64), lengths.shape)
     return [(i, walk_reason(int(lengths[i]), int(want[i]))) for i in np.flatnonzero(lengths != want).tolist()]
+
+
+def warn_cpu_fallback(array: str, suspects: list[tuple[int, str]]) -> None:
+    """Warn once per array that a batch was decoded on the CPU because the CPU accepted every deflate suspect.
+
+    Valid but unusual streams (bytes after a zlib stream, gzip padding or a
+    second member, gzip reserved flags) are kept from nvCOMP and decoded on
+    the CPU, which is correct but slower; the user should know why.
+    """
+    warn_once(_warned, array, f"{array}: deflate streams the GPU path does not hand to nvCOMP ({suspects[0][1]}) "
+              "decode on the CPU; such batches are decoded on the CPU (warned once per array)", stacklevel=4)
 
 
 def adler32_streams(buf: cupy.ndarray, offsets: Sequence[int], lengths: Sequence[int],

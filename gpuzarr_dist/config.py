@@ -172,3 +172,23 @@ def zstd_check() -> str:
     if v not in ZSTD_CHECKS:
         raise ValueError(f"gpuzarr.gpu.zstd-check must be one of {', '.join(ZSTD_CHECKS)}, not {v!r}")
     return v
+
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"deflate-walk-threads": "auto"}}})
+
+
+def deflate_walk_threads() -> int:
+    """``gpuzarr.gpu.deflate-walk-threads``: threads per block of the deflate walk (0 for ``"auto"``).
+
+    The walk that keeps damaged gzip/zlib/Blosc-zlib streams from nvCOMP is
+    always on (nvCOMP hangs on some damaged deflate); this only sets its launch
+    geometry, one stream per thread. ``"auto"`` (default) spreads the streams
+    over the GPU's SMs (one per block for small batches, up to 32 per block).
+    """
+    v = dask.config.get("gpuzarr.gpu.deflate-walk-threads", "auto")
+    if v is None or str(v).strip().lower() in ("auto", "", "0"):
+        return 0
+    n = int(v)
+    if not 1 <= n <= 1024:
+        raise ValueError(f"gpuzarr.gpu.deflate-walk-threads must be 'auto' or 1..1024, not {v!r}")
+    return n

@@ -55,7 +55,8 @@ children and journal, side by side on the one GPU: the work per batch is
 mostly Python and the CPU reference decode, so one child at a time left the
 GPU idle. ``--zstd-check`` sets ``gpuzarr.gpu.zstd-check`` for the decoders
 (default ``sequences``). The run ends with a ``SUMMARY`` line (cases, chains,
-rejected by the zstd walk, reported errors, wrong values, crashes, hangs).
+rejected by the zstd walk (``rejected-by-walk``) and by the deflate walk
+(``rejected-by-deflate-walk``), reported errors, wrong values, crashes, hangs).
 
 **Crashes.** In each lane, one long-lived child judges batches until it is done, its time is
 up, or it dies. Before each batch it appends the case ids to a journal (a line,
@@ -795,16 +796,22 @@ class Lanes:
 
 
 def summary_line(counts: collections.Counter, by_check: collections.Counter, n: int, chains: int) -> str:
-    """One line with the figures issue 9 asks for (cases, chains, rejected by the zstd walk, errors, failures)."""
+    """One line with the figures issue 9 asks for (cases, chains, rejected by the zstd / deflate walks, errors, failures)."""
     from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS
+
+    from gpuzarr_dist.codecs.deflate_walk import DEFLATE_WALK_REASONS, walk_reason
 
     walk = {_category(r) for r in ZSTD_DEEP_REASONS.values()}
     by_walk = sum(v for k, v in by_check.items() if k in walk)
+    deflate = [*DEFLATE_WALK_REASONS.values(), walk_reason(1, 2)]
+    deflate = {_category(r) for r in deflate} | {_category(f"blosc zlib stream: {r}") for r in deflate}
+    by_deflate_walk = sum(v for k, v in by_check.items() if k in deflate)
     crashes = sum(v for k, v in counts.items() if k.startswith("crash") and "hung" not in k)
     hangs = sum(v for k, v in counts.items() if k.startswith("crash") and "hung" in k)
     wrong = sum(v for k, v in counts.items() if k.startswith(("decoded, CPU rejects", "decoded, differs")))
     reported = sum(v for k, v in counts.items() if k.startswith("rejected"))
-    return (f"SUMMARY cases={n} chains={chains} rejected-by-walk={by_walk} reported-errors={reported} "
+    return (f"SUMMARY cases={n} chains={chains} rejected-by-walk={by_walk} rejected-by-deflate-walk={by_deflate_walk} "
+            f"reported-errors={reported} "
             f"wrong-values={wrong} crashes={crashes} hangs={hangs}")
 
 

@@ -133,9 +133,7 @@ def _bad_deflate_header(codec: str, host: np.ndarray, o: int, n: int) -> str | N
             return "not a gzip member (bad magic bytes or shorter than a gzip header and trailer)"
         if host[o + 2] != 8:
             return f"gzip compression method {int(host[o + 2])}, not deflate (8)"
-        if host[o + 3] & 0xE0:
-            return "gzip header has reserved flag bits set"
-        return None
+        return None  # reserved flag bits: Python's gzip (the CPU decoder) ignores them; the deflate walk defers to it
     if n < 6:
         return "zlib stream shorter than its header and checksum"
     cmf, flg = int(host[o]), int(host[o + 1])
@@ -288,33 +286,6 @@ def _lz4_lengths(dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
     return out.get()
 
 
-_ADLER_MOD = 65521
-_weighted_sum: Any = None
-
-
-def _adler32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
-                        sizes: Sequence[int]) -> list[int]:
-    """Indexes of decoded zlib chunks whose adler32 (computed on the device) differs from the stored one.
-
-    adler32 is ``A = 1 + sum(d) mod 65521`` and ``B = n + sum((n - i) * d[i]) mod 65521``: two
-    reductions over all chunks at once, no copy of the data to the host. The stored checksum
-    is the last 4 bytes (big-endian) of each zlib stream, still in the pinned host buffer.
-    """
-    global _weighted_sum
-    n = len(offsets)
-    if nbytes == 0 or nbytes > 2**27:  # 64-bit sums of (n - i) * 255 overflow past 2**27 bytes: not checked
-        return []
-    if _weighted_sum is None:
-        _weighted_sum = cupy.ReductionKernel("uint8 d, int64 w", "int64 y", "(long long)d * w", "a + b", "y = a", "0",
-                                             "gpuzarr_weighted_sum")
-    data = cupy.ndarray((n, nbytes), dtype=cupy.uint8, memptr=out.data, strides=(stride, 1))
-    weights = nbytes - cupy.arange(nbytes, dtype=cupy.int64)
-    a = (1 + data.sum(axis=1, dtype=cupy.int64)) % _ADLER_MOD
-    b = (nbytes + _weighted_sum(data, weights, axis=1)) % _ADLER_MOD
-    actual = ((b << 16) | a).get()
-    return host_checks.trailer_mismatches(actual, host, np.add(offsets, sizes) - 4, big=True)
-
-
 def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndarray, offsets: Sequence[int],
                       sizes: Sequence[int]) -> list[int]:
     """Indexes of decoded gzip chunks whose CRC-32 (computed on the device) differs from the member's trailer.
@@ -438,6 +409,16 @@ def decode_batch_gpu(
             if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
+        if codec.name in ("gzip", "zlib"):  # always: nvCOMP's Deflate hangs on some damaged streams
+            from .deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
+            from .gpu_deflate import deflate_suspects, warn_cpu_fallback
+
+            suspects = deflate_suspects(dev, offsets, sizes, expected,
+                                        DEFLATE_GZIP if codec.name == "gzip" else DEFLATE_ZLIB, stream)
+            if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
+                _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects, codec.name)
+                warn_cpu_fallback(pipeline.array, suspects)
+                return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name == "lz4":
             lengths = _lz4_lengths(dev, in_offs, in_sizes, expected)
             bad = host_checks.size_mismatches(lengths, expected)
@@ -475,8 +456,11 @@ def decode_batch_gpu(
             bad = [(i, "zstd content checksum does not match the decoded data")
                    for i in _xxh64_mismatches(out, stride, expected, host, in_offs, in_sizes)]
         if not bad and codec.name == "zlib":
+            from .gpu_deflate import adler32_mismatches
+
             bad = [(i, "zlib adler32 checksum does not match the decoded data")
-                   for i in _adler32_mismatches(out, stride, expected, host, offsets, sizes)]
+                   for i in adler32_mismatches(out, [i * stride for i in range(n)], [expected] * n, host,
+                                               np.add(offsets, sizes) - 4, stream)]
         timed("decode: checksums")
         if bad:  # named when the CPU decoder rejects them too; otherwise the CPU decodes the batch
             _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, bad, codec.name)

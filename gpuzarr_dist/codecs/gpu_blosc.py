@@ -34,7 +34,9 @@ import numpy as np
 
 from . import blosc_frames as bf
 from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
-from .gpu import _cpu_diagnose, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
+from .deflate_walk import DEFLATE_ZLIB
+from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
+from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError
 from ..runtime.once import warn_once
@@ -136,7 +138,10 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
     """Check, then decode the gathered streams: one batched nvCOMP call per inner codec.
 
     Returns ``False`` where the batch must go to the CPU (a zstd stream that
-    states no decoded size, which nvCOMP cannot bound; c-blosc always states it).
+    states no decoded size, which nvCOMP cannot bound; c-blosc always states it;
+    zlib streams that the deflate walk or the adler32 check flag and the CPU
+    decoder accepts, such as bytes after a stream's end, which zlib ignores).
+    Raises :class:`ChunkDecodeError` for the first chunk the CPU rejects.
     """
     array = pipeline.array
     codes = plan.piece_codec[comp]
@@ -149,6 +154,13 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
         dsize = plan.piece_dsize[pieces]
         piece_keys = [keys[c] for c in plan.piece_chunk[pieces]]
         name = bf.FORMATS[code]
+
+        def judge(suspects: list[tuple[int, str]]) -> None:
+            """Raise for the first chunk whose suspect stream the CPU rejects; return if it decodes them all."""
+            by_chunk: dict[int, str] = {}
+            for i, why in suspects:
+                by_chunk.setdefault(int(plan.piece_chunk[pieces[i]]), why if why.startswith("blosc") else f"blosc zlib stream: {why}")
+            _judge_on_cpu(pipeline, host, offsets, sizes, keys, sorted(by_chunk.items()), "blosc")
 
         def diagnose(bad: np.ndarray, why: str) -> ChunkDecodeError:
             chunks = sorted({int(plan.piece_chunk[pieces[i]]) for i in bad})
@@ -172,6 +184,13 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
                     raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
                 if suspects:  # impossible entropy structure: never handed to nvCOMP (it hung and faulted on such)
                     raise diagnose(g[[i for i, _ in suspects]], suspects[0][1])
+        elif code == 3:  # always: nvCOMP's Deflate hangs on some damaged streams; walk each whole zlib stream
+            suspects = deflate_suspects(work, plan.piece_src[pieces].tolist(), plan.piece_csize[pieces].tolist(), dsize,
+                                        DEFLATE_ZLIB, stream)
+            if suspects:  # never handed to nvCOMP: the CPU names a bad chunk or, accepting them all, decodes the batch
+                judge(suspects)
+                warn_cpu_fallback(array, suspects)
+                return False
         mark(f"blosc: {name} walk")
         out_offs = pl.decode_at[pieces].tolist()
         out_caps = [int(bf._align(d)) for d in dsize.tolist()]
@@ -188,4 +207,10 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
         bad = np.flatnonzero(actual != dsize)
         if bad.size:
             raise diagnose(bad, f"decoded to {actual[bad[0]]} bytes, expected {dsize[bad[0]]}")
+        if code == 3:  # the adler32 that the gather cut off: nvCOMP never sees it
+            src_end = plan.piece_src[pieces] + plan.piece_csize[pieces]
+            bad = adler32_mismatches(work, out_offs, dsize, host, src_end - 4, stream)
+            if bad:
+                judge([(i, "blosc zlib stream: adler32 checksum does not match the decoded data") for i in bad])
+                return False
     return True

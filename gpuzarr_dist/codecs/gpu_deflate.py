@@ -1,0 +1,139 @@
+"""Deflate data checked on the device before nvCOMP decodes it, and adler32 checked after.
+
+nvCOMP 6.0's Deflate decoder hangs on some damaged streams (truncated, or
+with overwritten runs), and nothing stops a hang inside nvCOMP. So every
+gzip, zlib and Blosc zlib stream is walked first (:data:`.deflate_walk.DEFLATE_WALK_SRC`,
+one thread per stream, always on): a stream whose structure is invalid, that
+decodes to another size, or whose deflate data does not end exactly at its
+trailer is a *suspect* and never reaches nvCOMP; the caller lets the CPU
+decoder judge the suspects (it names the bad chunk, or decodes the batch
+when it accepts them all, e.g. bytes after the end that zlib ignores).
+
+After the decode, :func:`adler32_mismatches` checks each decoded stream's
+adler32 (zlib chunks and Blosc's zlib streams, whose checksums nvCOMP never
+sees) with a segmented kernel that takes streams of any length.
+
+Only imported on the GPU path: importing it imports cupy.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import cupy
+import numpy as np
+
+from . import host_checks
+from .deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
+from .gpu import _kernel
+from ..runtime.once import warn_once
+
+_warned: set[str] = set()
+_sm_count: dict[int, int] = {}
+_sm_lock = threading.Lock()
+
+
+def _sms() -> int:
+    dev = cupy.cuda.Device().id
+    n = _sm_count.get(dev)
+    if n is None:
+        with _sm_lock:
+            n = _sm_count.setdefault(dev, int(cupy.cuda.Device(dev).attributes["MultiProcessorCount"]))
+    return n
+
+
+def walk_threads(n: int, threads: int | None = None) -> int:
+    """Threads per block for walking ``n`` streams: ``threads``, else ``gpuzarr.gpu.deflate-walk-threads``.
+
+    ``auto`` (the default) spreads the streams over the GPU's SMs: one stream
+    per block while there are fewer than two blocks per SM, doubling up to 32
+    per block for large batches. Each thread walks its own stream with its own
+    branches, so threads of one warp mostly wait for each other.
+    """
+    if threads is None:
+        from ..config import deflate_walk_threads
+
+        threads = deflate_walk_threads()
+    if threads:
+        return max(1, min(int(threads), 1024))
+    t, sms = 1, _sms()
+    while t < 32 and -(-n // (2 * t)) >= 2 * sms:
+        t *= 2
+    return t
+
+
+def deflate_walk(buf: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int], limits: Sequence[int] | int,
+                 wrap: int, stream: cupy.cuda.Stream, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Walk the streams ``buf[offsets[i] : offsets[i] + sizes[i]]`` on ``stream``; wait for the result.
+
+    Returns ``(lengths, ends)`` on the host: each stream's decoded length
+    (negative: a code of :data:`.deflate_walk.DEFLATE_WALK_REASONS`) and where
+    its deflate data ended. ``wrap`` is one of ``DEFLATE_RAW``, ``DEFLATE_ZLIB``,
+    ``DEFLATE_GZIP``; ``limits`` bounds each stream's decoded length.
+    """
+    n = len(offsets)
+    if isinstance(limits, (int, np.integer)):
+        limits = [int(limits)] * n
+    t = walk_threads(n, threads)
+    with stream:
+        table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
+                                             np.asarray(limits, np.int64)]))
+        res = cupy.empty(2 * n, dtype=cupy.int64)
+        _kernel("deflate_walk", DEFLATE_WALK_SRC)(((n + t - 1) // t,), (t,), (
+            buf, table[:n], table[n : 2 * n], table[2 * n :], np.int32(n), np.int32(wrap), res[:n], res[n:]))
+        out = res.get(stream=stream)  # waits for the walk
+    return out[:n], out[n:]
+
+
+def deflate_suspects(buf: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int], expected: Sequence[int] | int,
+                     wrap: int, stream: cupy.cuda.Stream) -> list[tuple[int, str]]:
+    """The streams to keep from nvCOMP, as ``(index, reason)``: all whose walk did not end at ``expected`` bytes."""
+    lengths, _ = deflate_walk(buf, offsets, sizes, expected, wrap, stream)
+    want = np.broadcast_to(np.asarray(expected, dtype=np.int64), lengths.shape)
+    return [(i, walk_reason(int(lengths[i]), int(want[i]))) for i in np.flatnonzero(lengths != want).tolist()]
+
+
+def warn_cpu_fallback(array: str, suspects: list[tuple[int, str]]) -> None:
+    """Warn once per array that a batch was decoded on the CPU because the CPU accepted every deflate suspect.
+
+    Valid but unusual streams (bytes after a zlib stream, gzip padding or a
+    second member, gzip reserved flags) are kept from nvCOMP and decoded on
+    the CPU, which is correct but slower; the user should know why.
+    """
+    warn_once(_warned, array, f"{array}: deflate streams the GPU path does not hand to nvCOMP ({suspects[0][1]}) "
+              "decode on the CPU; such batches are decoded on the CPU (warned once per array)", stacklevel=4)
+
+
+def adler32_streams(buf: cupy.ndarray, offsets: Sequence[int], lengths: Sequence[int],
+                    stream: cupy.cuda.Stream) -> np.ndarray:
+    """adler32 of each ``buf[offsets[i] : offsets[i] + lengths[i]]`` (any lengths), on ``stream``; uint32 on the host.
+
+    One thread per 4 KiB segment of every stream sums it, then one thread per
+    stream joins its segments (:data:`.deflate_walk.ADLER32_SRC`).
+    """
+    n = len(offsets)
+    if n == 0:
+        return np.zeros(0, np.uint32)
+    lens = np.asarray(lengths, np.int64)
+    nseg = -(-lens // ADLER32_SEGMENT)
+    seg0 = np.concatenate([[0], np.cumsum(nseg)]).astype(np.int64)
+    total = int(seg0[-1])
+    with stream:
+        table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), lens, seg0]))
+        d_offs, d_lens, d_seg0 = table[:n], table[n : 2 * n], table[2 * n :]
+        segs = cupy.empty(max(2 * total, 1), dtype=cupy.uint32)
+        if total:
+            _kernel("adler32_segments", ADLER32_SRC)(((total + 255) // 256,), (256,), (
+                buf, d_offs, d_lens, d_seg0, np.int32(n), np.int64(ADLER32_SEGMENT), np.int64(total), segs))
+        result = cupy.empty(n, dtype=cupy.uint32)
+        _kernel("adler32_combine", ADLER32_SRC)(((n + 63) // 64,), (64,), (
+            segs, d_lens, d_seg0, np.int32(n), np.int64(ADLER32_SEGMENT), result))
+        return result.get(stream=stream)
+
+
+def adler32_mismatches(buf: cupy.ndarray, offsets: Sequence[int], lengths: Sequence[int], host: np.ndarray,
+                       stored_at: Sequence[int] | np.ndarray, stream: cupy.cuda.Stream) -> list[int]:
+    """Indexes of decoded streams whose adler32 differs from the big-endian value stored in ``host`` at ``stored_at``."""
+    actual = adler32_streams(buf, offsets, lengths, stream)
+    return host_checks.trailer_mismatches(actual.astype(np.int64), host, stored_at, big=True)

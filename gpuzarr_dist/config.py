@@ -174,15 +174,35 @@ def zstd_check() -> str:
     return v
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"deflate-walk-threads": "auto"}}})
+dask.config.update_defaults({"gpuzarr": {"gpu": {"deflate-walk-threads": "auto", "deflate-check": "walk"}}})
+
+DEFLATE_CHECKS = ("walk", "off")
+
+
+def deflate_check() -> str:
+    """``gpuzarr.gpu.deflate-check``: ``"walk"`` (default) or ``"off"``.
+
+    ``walk``: every gzip, zlib and Blosc-zlib stream is inflated without
+    output on the device before nvCOMP sees it (nvCOMP 6's Deflate decoder
+    hung on damaged streams in our fuzzing). The walk is a full inflate, one
+    thread per stream: on one H200 a batch of 64 zlib chunks of 4.15 MB took
+    609 ms to walk against about 36 ms for nvCOMP's decode (one batch alone;
+    batches of concurrent tasks overlap). ``off``: for trusted data, skip it;
+    the checksums and sizes after the decode still catch damaged data that
+    decodes, but damaged data can then hang the process inside nvCOMP.
+    """
+    v = str(dask.config.get("gpuzarr.gpu.deflate-check", "walk")).strip().lower()
+    if v not in DEFLATE_CHECKS:
+        raise ValueError(f"gpuzarr.gpu.deflate-check must be one of {', '.join(DEFLATE_CHECKS)}, not {v!r}")
+    return v
 
 
 def deflate_walk_threads() -> int:
     """``gpuzarr.gpu.deflate-walk-threads``: threads per block of the deflate walk (0 for ``"auto"``).
 
     The walk that keeps damaged gzip/zlib/Blosc-zlib streams from nvCOMP is
-    always on (nvCOMP hangs on some damaged deflate); this only sets its launch
-    geometry, one stream per thread. ``"auto"`` (default) spreads the streams
+    on unless ``gpuzarr.gpu.deflate-check`` is ``off`` (nvCOMP hangs on some
+    damaged deflate); this only sets its launch geometry, one stream per thread. ``"auto"`` (default) spreads the streams
     over the GPU's SMs (one per block for small batches, up to 32 per block).
     """
     v = dask.config.get("gpuzarr.gpu.deflate-walk-threads", "auto")

@@ -353,3 +353,15 @@ def test_blosc_matrix_zlib_streams_pass_the_walk_and_their_adler32(host):
     assert [r for (s, d), r in zip(streams, results) if r != (d, len(s) - 4)] == []
     decoded = [zlib.decompress(s) for s, _ in streams]
     assert host.adler32(decoded, ADLER32_SEGMENT) == [int.from_bytes(s[-4:], "big") for s, _ in streams]
+
+
+def test_deflate_check_config_is_walk_by_default_and_validated():
+    import dask
+
+    from gpuzarr_dist.config import deflate_check
+
+    assert deflate_check() == "walk"
+    with dask.config.set({"gpuzarr.gpu.deflate-check": " OFF "}):
+        assert deflate_check() == "off"
+    with dask.config.set({"gpuzarr.gpu.deflate-check": "sometimes"}), pytest.raises(ValueError, match="deflate-check"):
+        deflate_check()

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import host_checks
 from .pipeline import CodecPipeline
+from ..config import deflate_check
 from ..errors import ChunkDecodeError
 from ..runtime.memory import is_out_of_memory
 from ..stages import enabled as _stages_enabled, stage_timer
@@ -409,7 +410,7 @@ def decode_batch_gpu(
             if suspects:  # never handed to nvCOMP: bad ones are reported, the rest (if any) decode on the CPU
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
-        if codec.name in ("gzip", "zlib"):  # always: nvCOMP's Deflate hangs on some damaged streams
+        if codec.name in ("gzip", "zlib") and deflate_check() == "walk":  # nvCOMP's Deflate hangs on some damage
             from .deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
             from .gpu_deflate import deflate_suspects, warn_cpu_fallback
 

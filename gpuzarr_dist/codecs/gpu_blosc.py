@@ -38,6 +38,7 @@ from .deflate_walk import DEFLATE_ZLIB
 from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
 from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
+from ..config import deflate_check
 from ..errors import ChunkDecodeError
 from ..runtime.once import warn_once
 from ..stages import enabled as _stages_enabled, stage_timer
@@ -184,7 +185,7 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
                     raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
                 if suspects:  # impossible entropy structure: never handed to nvCOMP (it hung and faulted on such)
                     raise diagnose(g[[i for i, _ in suspects]], suspects[0][1])
-        elif code == 3:  # always: nvCOMP's Deflate hangs on some damaged streams; walk each whole zlib stream
+        elif code == 3 and deflate_check() == "walk":  # nvCOMP's Deflate hangs on some damage: walk each stream
             suspects = deflate_suspects(work, plan.piece_src[pieces].tolist(), plan.piece_csize[pieces].tolist(), dsize,
                                         DEFLATE_ZLIB, stream)
             if suspects:  # never handed to nvCOMP: the CPU names a bad chunk or, accepting them all, decodes the batch

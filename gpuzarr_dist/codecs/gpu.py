@@ -357,13 +357,17 @@ def decode_batch_gpu(
     sizes: Sequence[int],
     keys: Sequence[str],
     stream: cupy.cuda.Stream,
+    dev: cupy.ndarray | None = None,
 ) -> cupy.ndarray:
     """Decode stored chunks (in pinned ``host`` at ``offsets``) into a device array ``(n, *chunk_shape)``.
 
     One host-to-device copy, one nvCOMP call for all chunks, array codecs as
     CuPy kernels; everything on ``stream``. Returns once the decoded sizes are
     known and checked (the decode itself may still be finishing on ``stream``,
-    which every later use of the result is ordered after).
+    which every later use of the result is ordered after). ``dev``: the same
+    bytes already on the device (copied, or being copied, on ``stream`` while
+    the block was read); then they are not copied again. The host bytes are
+    still read for the host-side checks and the CPU fallback.
     """
     from nvidia import nvcomp
 
@@ -380,14 +384,16 @@ def decode_batch_gpu(
     if _is_blosc(pipeline):  # frames taken apart on the host, streams decoded in one call per codec
         from .gpu_blosc import decode_blosc_batch
 
-        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
+        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream,
+                                       dev=dev)
         timed("decode: blosc")
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)
-    total = int(np.max(np.add(offsets, sizes)))
-    dev = cupy.empty(total, dtype=cupy.uint8)
-    dev.set(host[:total], stream=stream)
+    if dev is None:
+        total = int(np.max(np.add(offsets, sizes)))
+        dev = cupy.empty(total, dtype=cupy.uint8)
+        dev.set(host[:total], stream=stream)
     if _stages_enabled():  # only when timing: the copy's own time, not the next stage's wait
         stream.synchronize()
     timed("decode: H2D")

@@ -143,6 +143,45 @@ def _header(array: str, key: str, frame: np.ndarray, size: int, expected: int) -
     return flags, typesize, blocksize, nblocks
 
 
+def _frame_error(array: str, key: str, frame: np.ndarray, size: int, expected: int) -> None:
+    """Raise the error of the first per-frame check one frame fails (header, compressor code, block starts).
+
+    :func:`plan_frames` runs these checks on every frame at once; this scalar
+    form gives the message for the frame they flag, in c-blosc's order.
+    """
+    flags, _, _, nblocks = _header(array, key, frame, size, expected)
+    if nblocks == 0 or flags & MEMCPYED:
+        return
+    code = flags >> 5
+    if code not in GPU_FORMATS:
+        if code not in FORMATS:
+            raise ChunkDecodeError(array, key, f"unknown blosc compressor code {code}", "blosc")
+        return
+    starts = frame[HEADER : HEADER + 4 * nblocks].view("<i4").astype(np.int64)
+    lo = HEADER + 4 * nblocks
+    bad = np.flatnonzero((starts < lo) | (starts > size - 4))
+    if bad.size:
+        raise ChunkDecodeError(array, key, f"blosc block {bad[0]} starts at {starts[bad[0]]}, outside "
+                               f"[{lo}, {size - 4}] of the {size}-byte frame", "blosc")
+
+
+def _i32_at(host: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian int32 at each byte position ``at`` of ``host``, as int64 (one gather)."""
+    b = host[at[:, None] + np.arange(4)]
+    return np.ascontiguousarray(b).view("<i4")[:, 0].astype(np.int64)
+
+
+#: format code (0..7, the flags' top 3 bits) -> known to Blosc1 / decoded on the GPU
+_KNOWN_CODE = np.isin(np.arange(8), list(FORMATS))
+_GPU_CODE = np.isin(np.arange(8), list(GPU_FORMATS))
+
+
+def _empty_plan(n: int, expected: int, stride: int, unsupported: str | None) -> BloscPlan:
+    empty = np.zeros(0, np.int64)
+    return BloscPlan(n, expected, stride, empty, empty, empty, np.zeros(0, np.int8), np.zeros(0, np.int32),
+                     empty, empty, empty, empty, empty, np.zeros(0, np.int8), unsupported)
+
+
 def plan_frames(
     array: str,
     host: np.ndarray,
@@ -159,81 +198,96 @@ def plan_frames(
     naming the array and chunk key instead of reading or writing out of
     bounds. Chunk ``i`` is decoded to ``[i * stride, i * stride + expected)``
     of the output (``stride`` defaults to ``expected`` rounded up to 256).
+
+    It runs on every dask worker thread for every block, so it makes a fixed
+    number of numpy calls whatever the batch's size (no loop over frames or
+    blocks, only over the at most 16 streams of a block): under many threads
+    a per-frame loop spent most of its time waiting for the GIL. All headers
+    are read with one gather and checked at once; where several frames are
+    bad, the first of them in the batch is reported, with the message of
+    :func:`_header` (checks in c-blosc's order) or of its block starts.
     """
     n = len(offsets)
     stride = _align(max(expected, 1)) if stride is None else stride
     i64 = np.int64
-    # per block: absolute start of its first stream's size field (or raw data), size, frame info
-    b_chunk, b_pos, b_size, b_nsplits, b_mode, b_ts, b_dst, b_raw = [], [], [], [], [], [], [], []
-    unsupported = None
-    for i in range(n):
-        o, s = int(offsets[i]), int(sizes[i])
-        frame = host[o : o + s]
-        flags, ts, blocksize, nblocks = _header(array, keys[i], frame, s, expected)
-        if nblocks == 0:
-            continue
-        j = np.arange(nblocks, dtype=i64)
-        bsize = np.full(nblocks, blocksize, dtype=i64)
-        leftover = expected % blocksize
-        if leftover:
-            bsize[-1] = leftover
-        dst = i * stride + j * blocksize
-        if flags & MEMCPYED:  # stored whole: raw blocks, nothing to unshuffle (c-blosc copies them)
-            pos, nsplits, mode, raw = o + HEADER + j * blocksize, np.ones(nblocks, i64), COPY, True
-        else:
-            code = flags >> 5
-            if code not in GPU_FORMATS:
-                if code not in FORMATS:
-                    raise ChunkDecodeError(array, keys[i], f"unknown blosc compressor code {code}", "blosc")
-                unsupported = unsupported or FORMATS[code]
-                continue
-            starts = frame[HEADER : HEADER + 4 * nblocks].view("<i4").astype(i64)
-            lo = HEADER + 4 * nblocks
-            bad = np.flatnonzero((starts < lo) | (starts > s - 4))
-            if bad.size:
-                raise ChunkDecodeError(array, keys[i], f"blosc block {bad[0]} starts at {starts[bad[0]]}, outside "
-                                       f"[{lo}, {s - 4}] of the {s}-byte frame", "blosc")
-            pos = o + starts
-            # c-blosc splits a block into typesize streams unless the frame says not to, the
-            # typesize is large, the streams would be short, or it is the short last block
-            split = (not flags & DONT_SPLIT) and ts <= MAX_SPLITS
-            nsplits = np.where(split & (bsize // ts >= MIN_BUFFERSIZE) & (bsize == blocksize), ts, 1).astype(i64)
-            if flags & DOSHUFFLE and ts > 1:
-                mode = BYTE_UNSHUFFLE
-            elif flags & DOBITSHUFFLE:
-                mode = BIT_UNSHUFFLE  # per block, only where bsize >= typesize (below)
-            else:
-                mode = COPY
-            raw = False
-        modes = np.full(nblocks, mode, dtype=np.int8)
-        if mode == BIT_UNSHUFFLE:
-            modes[bsize < ts] = COPY
-        b_chunk.append(np.full(nblocks, i, np.int32))
-        b_pos.append(pos)
-        b_size.append(bsize)
-        b_nsplits.append(nsplits)
-        b_mode.append(modes)
-        b_ts.append(np.full(nblocks, ts, i64))
-        b_dst.append(dst)
-        b_raw.append(np.full(nblocks, raw))
-    empty = np.zeros(0, i64)
-    if unsupported or not b_pos:
-        return BloscPlan(n, expected, stride, empty, empty, empty, np.zeros(0, np.int8), np.zeros(0, np.int32),
-                         empty, empty, empty, empty, empty, np.zeros(0, np.int8), unsupported)
-    chunk, pos, bsize, nsplits = (np.concatenate(v) for v in (b_chunk, b_pos, b_size, b_nsplits))
-    mode, ts, dst, raw = (np.concatenate(v) for v in (b_mode, b_ts, b_dst, b_raw))
+    if n == 0:
+        return _empty_plan(n, expected, stride, None)
+    off = np.asarray(offsets, i64)
+    size = np.asarray(sizes, i64)
+    # every header at once: an (n, 16) gather (frames too short for one fail the first check; any bytes do)
+    whole = size >= HEADER
+    at = np.where(whole, off, 0)[:, None] + np.arange(HEADER)
+    hdr = host[np.minimum(at, max(host.size - 1, 0))] if host.size else np.zeros((n, HEADER), np.uint8)
+    hdr = np.ascontiguousarray(hdr)
+    hdr[~whole] = 0
+    version, fversion = hdr[:, 0], hdr[:, 1]
+    flags, ts = hdr[:, 2].astype(i64), hdr[:, 3].astype(i64)
+    nbytes, blocksize, cbytes = hdr.view("<i4")[:, 1:].astype(i64).T
+    memcpyed = (flags & MEMCPYED) != 0
+    code = flags >> 5
+    # _header's checks, every frame at once
+    bad = ~whole | (cbytes != size) | (version != 2) | ((flags & RESERVED) != 0) | (nbytes != expected)
+    filled = nbytes != 0
+    bad |= filled & ((ts == 0) | (blocksize <= 0) | (blocksize > nbytes) | (blocksize > MAX_BLOCKSIZE))
+    bad |= filled & memcpyed & (cbytes != nbytes + HEADER)
+    compressed = filled & ~memcpyed
+    bad |= compressed & (fversion != FORMAT_VERSION)
+    bs = np.where(memcpyed, MEMCPY_BLOCK, np.maximum(blocksize, 1))
+    nblocks = -(-nbytes // bs)
+    bad |= compressed & (nblocks > (cbytes - HEADER) // 4)
+    bad |= compressed & ~_KNOWN_CODE[code]
+    unsupported = compressed & ~bad & ~_GPU_CODE[code]
+    # the blocks of the frames that pass: chunk, index in the frame, size, where its bytes start
+    nblocks = np.where(filled & ~bad & ~unsupported, nblocks, 0)
+    total = int(nblocks.sum())
+    chunk = np.repeat(np.arange(n, dtype=np.int32), nblocks)
+    first = np.cumsum(nblocks) - nblocks
+    j = np.arange(total, dtype=i64) - first[chunk]
+    raw = memcpyed[chunk]
+    blocksize_b, ts_b, o_b, s_b = bs[chunk], ts[chunk], off[chunk], size[chunk]
+    # the block starts of compressed frames (a stored frame's blocks read its first bytes, unused:
+    # its data may be shorter than the starts would be)
+    starts = _i32_at(host, np.where(raw, o_b, o_b + HEADER + 4 * j))
+    lo = HEADER + 4 * nblocks[chunk]
+    bad_start = ~raw & ((starts < lo) | (starts > s_b - 4))
+    if bad_start.any():
+        bad[chunk[bad_start]] = True
+    if bad.any():
+        i = int(np.argmax(bad))
+        o, s = int(off[i]), int(size[i])
+        _frame_error(array, keys[i], host[o : o + s], s, expected)
+        raise AssertionError(f"plan_frames flagged frame {i} ({keys[i]!r}) that the per-frame checks pass")
+    if unsupported.any():
+        return _empty_plan(n, expected, stride, FORMATS[int(code[np.argmax(unsupported)])])
+    if total == 0:
+        return _empty_plan(n, expected, stride, None)
+    bsize = blocksize_b.copy()
+    leftover = expected % bs
+    last = (first + nblocks - 1)[(nblocks > 0) & (leftover != 0)]
+    bsize[last] = leftover[chunk[last]]
+    dst = chunk.astype(i64) * stride + j * blocksize_b
+    # stored frames: raw blocks, nothing to unshuffle (c-blosc copies them)
+    pos = np.where(raw, o_b + HEADER + j * blocksize_b, o_b + starts)
+    # c-blosc splits a block into typesize streams unless the frame says not to, the
+    # typesize is large, the streams would be short, or it is the short last block
+    split = ((flags & DONT_SPLIT) == 0) & (ts <= MAX_SPLITS) & ~memcpyed
+    nsplits = np.where(split[chunk] & (bsize // ts_b >= MIN_BUFFERSIZE) & (bsize == blocksize_b), ts_b, 1)
+    fmode = np.where(memcpyed, COPY, np.where(((flags & DOSHUFFLE) != 0) & (ts > 1), BYTE_UNSHUFFLE,
+                                              np.where((flags & DOBITSHUFFLE) != 0, BIT_UNSHUFFLE, COPY)))
+    mode = fmode.astype(np.int8)[chunk]
+    mode[(mode == BIT_UNSHUFFLE) & (bsize < ts_b)] = COPY  # bit shuffle only where bsize >= typesize
     neblock = bsize // nsplits
     bad = np.flatnonzero(neblock * nsplits != bsize)
     if bad.size:
         k = bad[0]
         raise ChunkDecodeError(array, keys[chunk[k]], f"blosc block of {bsize[k]} bytes does not split into "
                                f"{nsplits[k]} streams", "blosc")
-    frame_end = np.asarray(offsets, i64)[chunk] + np.asarray(sizes, i64)[chunk]
-    codes = np.asarray([int(host[offsets[c] + 2]) >> 5 for c in range(n)], dtype=np.int8)[chunk]
+    frame_end = o_b + s_b
+    codes = code.astype(np.int8)[chunk]
     # walk the streams of every block at once: split s of all blocks that have one
     maxs = int(nsplits.max())
-    p_src = np.zeros((len(pos), maxs), i64)
-    p_csize = np.zeros((len(pos), maxs), i64)
+    p_src = np.zeros((total, maxs), i64)
+    p_csize = np.zeros((total, maxs), i64)
     cur = pos.copy()
     for s in range(maxs):
         act = np.flatnonzero((s < nsplits) & ~raw)
@@ -243,10 +297,9 @@ def plan_frames(
         short = np.flatnonzero(at + 4 > frame_end[act])
         if short.size:
             k = act[short[0]]
-            raise ChunkDecodeError(array, keys[chunk[k]], f"blosc stream size field at byte {at[short[0]] - (frame_end[k] - sizes[chunk[k]])} "
+            raise ChunkDecodeError(array, keys[chunk[k]], f"blosc stream size field at byte {at[short[0]] - (frame_end[k] - s_b[k])} "
                                    "is past the end of the frame", "blosc")
-        b = host[at[:, None] + np.arange(4)].astype(np.uint32)
-        cs = (b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16) | (b[:, 3] << 24)).astype(np.int32).astype(i64)
+        cs = _i32_at(host, at)
         at = at + 4
         bad = np.flatnonzero((cs <= 0) | (cs > neblock[act]) | (at + cs > frame_end[act]))
         if bad.size:
@@ -276,7 +329,7 @@ def plan_frames(
     piece_chunk = np.repeat(chunk, nsplits).astype(np.int32)
     piece0 = np.concatenate([[0], np.cumsum(nsplits)[:-1]]).astype(i64)
     return BloscPlan(n, expected, stride, piece_src, piece_csize, piece_dsize, piece_codec, piece_chunk,
-                     dst, bsize, piece0, neblock, ts, mode)
+                     dst, bsize, piece0, neblock, ts_b, mode)
 
 
 @dataclass

@@ -54,7 +54,7 @@ cases into N ranges of whole rounds, each run by its own supervisor thread,
 children and journal, side by side on the one GPU: the work per batch is
 mostly Python and the CPU reference decode, so one child at a time left the
 GPU idle. ``--zstd-check`` sets ``gpuzarr.gpu.zstd-check`` for the decoders
-(default ``sequences``). The run ends with a ``SUMMARY`` line (cases, chains,
+(default ``literals``, the deepest). The run ends with a ``SUMMARY`` line (cases, chains,
 rejected by the zstd walk (``rejected-by-walk``) and by the deflate walk
 (``rejected-by-deflate-walk``), reported errors, wrong values, crashes, hangs).
 
@@ -1000,8 +1000,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lanes", type=int, default=None,
                    help="supervisors side by side, each with its own children and journal (default: gpu "
                         "min(6, CPUs/2), cpu 1)")
-    p.add_argument("--zstd-check", choices=["headers", "sequences"], default="sequences",
-                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: sequences)")
+    p.add_argument("--zstd-check", choices=["headers", "sequences", "literals"], default="literals",
+                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: literals, the deepest)")
     p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",

@@ -16,7 +16,7 @@ import cupy
 
 from .assemble import Plan
 from .stages import stage_timer
-from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
+from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported, settle
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
 from .runtime.once import warn_once
 
@@ -49,6 +49,17 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     keys = spec.chunk_keys([p.coords for p in plan.parts])
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
+    try:
+        _decode_and_place(reader, plan, out, host, offsets, sizes, keys, stream, timed)
+    except BaseException:
+        settle(stream)  # ``host`` goes back to the shared pinned pool: no copy may still read it
+        raise
+    return out
+
+
+def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, offsets, sizes, keys, stream,
+                      timed) -> None:
+    spec, pipeline = reader.spec, reader.pipeline
     present = [i for i, n in enumerate(sizes) if n >= 0]
     for i, n in enumerate(sizes):
         if n < 0:
@@ -73,7 +84,6 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     timed("place")
-    return out
 
 
 def _unit_step_grid(plan: Plan) -> bool:

@@ -391,7 +391,7 @@ class Decoder:
         pipe = self.pipelines[chain]
         if not self.gpu:
             return [pipe.decode_chunk(b, k) for b, k in zip(chunks, keys)]
-        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead
+        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead, settle
         from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
         from gpuzarr_dist.stores.base import staging_layout
 
@@ -400,9 +400,13 @@ class Decoder:
         host = pinned_staging(max(total, 1))
         for b, o in zip(chunks, offsets):
             host[o : o + len(b)] = np.frombuffer(b, dtype=np.uint8)
-        dec = decode_batch_gpu(pipe, host, offsets, sizes, keys, self.stream)
-        self.stream.synchronize()
-        return list(dec.get())
+        try:
+            dec = decode_batch_gpu(pipe, host, offsets, sizes, keys, self.stream)
+            self.stream.synchronize()
+            return list(dec.get())
+        except BaseException:  # the stream is idle before ``host`` can be refilled for the next batch
+            settle(self.stream)
+            raise
 
     def check_context(self) -> None:
         """Raise where the CUDA context is lost: a fault inside a kernel is sticky and shows at the next sync."""

@@ -18,7 +18,7 @@ import numpy as np
 from .assemble import Plan
 from .config import upload_grain
 from .stages import stage_timer
-from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
+from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported, settle
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
 from .runtime.once import warn_once
 
@@ -60,9 +60,20 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                                                           ready=upload.ready)
             dev = upload.finish()
     except BaseException:
-        stream.synchronize()  # no copy may still read the staging buffer once it goes back to the pool
+        settle(stream)  # no copy may still read the staging buffer once it goes back to the pool
         raise
     timed("read files")
+    try:
+        _decode_and_place(reader, plan, out, host, dev, offsets, sizes, keys, stream, timed)
+    except BaseException:
+        settle(stream)  # ``host`` goes back to the shared pinned pool: no copy may still read it
+        raise
+    return out
+
+
+def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, dev, offsets, sizes, keys, stream,
+                      timed) -> None:
+    spec, pipeline = reader.spec, reader.pipeline
     present = [i for i, n in enumerate(sizes) if n >= 0]
     for i, n in enumerate(sizes):
         if n < 0:
@@ -88,7 +99,6 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     timed("place")
-    return out
 
 
 class _UploadWhileReading:

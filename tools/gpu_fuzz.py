@@ -54,7 +54,7 @@ cases into N ranges of whole rounds, each run by its own supervisor thread,
 children and journal, side by side on the one GPU: the work per batch is
 mostly Python and the CPU reference decode, so one child at a time left the
 GPU idle. ``--zstd-check`` sets ``gpuzarr.gpu.zstd-check`` for the decoders
-(default ``sequences``). The run ends with a ``SUMMARY`` line (cases, chains,
+(default ``literals``, the deepest). The run ends with a ``SUMMARY`` line (cases, chains,
 rejected by the zstd walk (``rejected-by-walk``) and by the deflate walk
 (``rejected-by-deflate-walk``), reported errors, wrong values, crashes, hangs).
 
@@ -391,7 +391,7 @@ class Decoder:
         pipe = self.pipelines[chain]
         if not self.gpu:
             return [pipe.decode_chunk(b, k) for b, k in zip(chunks, keys)]
-        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead
+        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead, settle
         from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
         from gpuzarr_dist.stores.base import staging_layout
 
@@ -400,9 +400,13 @@ class Decoder:
         host = pinned_staging(max(total, 1))
         for b, o in zip(chunks, offsets):
             host[o : o + len(b)] = np.frombuffer(b, dtype=np.uint8)
-        dec = decode_batch_gpu(pipe, host, offsets, sizes, keys, self.stream)
-        self.stream.synchronize()
-        return list(dec.get())
+        try:
+            dec = decode_batch_gpu(pipe, host, offsets, sizes, keys, self.stream)
+            self.stream.synchronize()
+            return list(dec.get())
+        except BaseException:  # the stream is idle before ``host`` can be refilled for the next batch
+            settle(self.stream)
+            raise
 
     def check_context(self) -> None:
         """Raise where the CUDA context is lost: a fault inside a kernel is sticky and shows at the next sync."""
@@ -1000,8 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lanes", type=int, default=None,
                    help="supervisors side by side, each with its own children and journal (default: gpu "
                         "min(6, CPUs/2), cpu 1)")
-    p.add_argument("--zstd-check", choices=["headers", "sequences"], default="sequences",
-                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: sequences)")
+    p.add_argument("--zstd-check", choices=["headers", "sequences", "literals"], default="literals",
+                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: literals, the deepest)")
     p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",

@@ -350,6 +350,21 @@ def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[
             sizes[i] -= 4
 
 
+def settle(stream: cupy.cuda.Stream) -> None:
+    """Wait for everything queued on ``stream``, on a path that is already raising (its own errors are dropped).
+
+    A batch that fails after its host-to-device copy (or a kernel, or nvCOMP)
+    was queued must not hand its pinned staging buffer back to the shared pool
+    (:func:`..runtime.cuda.pinned_staging`), nor its device buffers, while that
+    work may still read or write them: the next block, on any thread, may be
+    given the same pinned buffer and refill it under the copy.
+    """
+    try:
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - a lost context: the error being raised says more
+        pass
+
+
 def decode_batch_gpu(
     pipeline: CodecPipeline,
     host: np.ndarray,
@@ -364,11 +379,27 @@ def decode_batch_gpu(
     One host-to-device copy, one nvCOMP call for all chunks, array codecs as
     CuPy kernels; everything on ``stream``. Returns once the decoded sizes are
     known and checked (the decode itself may still be finishing on ``stream``,
-    which every later use of the result is ordered after). ``dev``: the same
-    bytes already on the device (copied, or being copied, on ``stream`` while
-    the block was read); then they are not copied again. The host bytes are
-    still read for the host-side checks and the CPU fallback.
+    which every later use of the result is ordered after). Raises only after
+    ``stream`` is idle (:func:`settle`): no copy still reads ``host`` then.
+    ``dev``: the same bytes already on the device (copied, or being copied,
+    on ``stream`` while the block was read); then they are not copied again.
+    The host bytes are still read for the host-side checks and the CPU fallback.
+
+    ``stream`` is made current for the batch: the checking kernels (zstd, lz4
+    walks, checksums) and their copies back run on CuPy's current stream, and
+    on another stream than the upload's (a non-blocking one is not ordered
+    with it) a walk could read the chunks before they have arrived.
     """
+    try:
+        with stream:  # every allocation, walk kernel and copy back on ``stream``, whatever the caller's current one
+            return _decode_batch(pipeline, host, offsets, sizes, keys, stream, dev)
+    except BaseException:
+        settle(stream)
+        raise
+
+
+def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
+                  keys: Sequence[str], stream: cupy.cuda.Stream, dev: cupy.ndarray | None) -> cupy.ndarray:
     from nvidia import nvcomp
 
     from ..runtime.cuda import align
@@ -390,15 +421,8 @@ def decode_batch_gpu(
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)
-    if dev is None:
-        total = int(np.max(np.add(offsets, sizes)))
-        dev = cupy.empty(total, dtype=cupy.uint8)
-        dev.set(host[:total], stream=stream)
-    if _stages_enabled():  # only when timing: the copy's own time, not the next stage's wait
-        stream.synchronize()
-    timed("decode: H2D")
     inner = _strip_outer_crc(pipeline.bytes_bytes)
-    if inner:
+    if inner:  # the host-only checks first: a batch they reject never queues its copy
         codec = inner[0]
         algorithm, head, tail = NVCOMP_FRAMING[codec.name]
         in_offs = (np.asarray(offsets, dtype=np.int64) + head).tolist()
@@ -408,6 +432,14 @@ def decode_batch_gpu(
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
         _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
         timed("decode: stated sizes (host)")
+    if dev is None:  # else already copied up (or being copied, on ``stream``) while the block was read
+        total = int(np.max(np.add(offsets, sizes)))
+        dev = cupy.empty(total, dtype=cupy.uint8)
+        dev.set(host[:total], stream=stream)
+    if _stages_enabled():  # only when timing: the copy's own time, not the next stage's wait
+        stream.synchronize()
+    timed("decode: H2D")
+    if inner:
         if codec.name == "zstd":
             try:
                 suspects = _zstd_frames(pipeline.array, dev, in_offs, in_sizes, keys, expected)

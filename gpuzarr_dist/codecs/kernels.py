@@ -34,10 +34,11 @@ ZSTD_DEEP_REASONS: dict[int, str] = {
     19: "zstd sequence offset reaches before the start of the frame",
     20: "zstd block's sequences regenerate more than the block maximum",
     21: "zstd sequences bit stream is not consumed exactly",
+    22: "zstd Huffman literal stream is not consumed exactly (decoders disagree on such streams)",
 }
 
 #: ``gpuzarr.gpu.zstd-check`` values -> the ``mode`` argument of :data:`ZSTD_FRAMES_SRC`'s ``zstd_frames``
-ZSTD_CHECK_MODES: dict[str, int] = {"headers": 0, "sequences": 1}
+ZSTD_CHECK_MODES: dict[str, int] = {"headers": 0, "sequences": 1, "literals": 2}
 
 ZSTD_FRAMES_SRC = r"""
 // RFC 8878 section numbers in the comments. Everything a frame's blocks carry to the next block
@@ -50,6 +51,8 @@ struct gz_zstate {
     long long rep[3];          // repeat offsets (3.1.2.5)
     long long out;             // bytes the frame regenerated before this block (sequences mode)
     gz_fse ll[512], of[256], ml[512];
+    int huf_bits;              // literals mode: the Huffman table's maximum code length (0: none built)
+    unsigned short huf[2048];  // literals mode: decoding table, (symbol << 4) | code length, by the next huf_bits bits
 };
 
 __device__ int gz_highbit(unsigned long long v) { int b = 0; while (v >> (b + 1)) b++; return b; }
@@ -134,9 +137,11 @@ __device__ void gz_fse_build(const short* norm, int nsym, int al, gz_fse* t) {
     }
 }
 
-__device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* used) {
+__device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* used, gz_zstate* st) {
     // 4.2.1: a Huffman tree description, weights decoded in full (at most 255 of them). Returns 0
     // when the weights make a complete prefix code of at most 11 bits, else 7; *used: its bytes.
+    // With ``st``, also builds its decoding table there (4.2.1.3: codes in order of increasing
+    // weight, then symbol, each taking 2^(weight - 1) consecutive entries of the table).
     unsigned char w[256];
     int n = 0;
     if (avail < 1) return 7;
@@ -187,7 +192,43 @@ __device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* u
     if (rest & (rest - 1)) return 7;
     rank1 += gz_highbit(rest) == 0;
     if (rank1 < 2 || (rank1 & 1)) return 7;  // a complete code has an even number (>= 2) of longest codes
+    if (st) {
+        w[n++] = (unsigned char)(gz_highbit(rest) + 1);  // the last symbol's implied weight
+        int at = 0;
+        for (int wt = 1; wt <= maxbits; wt++)
+            for (int k = 0; k < n; k++)
+                if (w[k] == wt) {
+                    unsigned short e = (unsigned short)((k << 4) | (maxbits + 1 - wt));
+                    for (int r = 0; r < (1 << (wt - 1)); r++) st->huf[at++] = e;
+                }
+        st->huf_bits = at == (1 << maxbits) ? maxbits : 0;
+        if (!st->huf_bits) return 7;
+    }
     return 0;
+}
+
+__device__ int gz_huf_stream(const unsigned char* bs, long long bl, long long count, const gz_zstate* st) {
+    // 4.2.2: decode ``count`` literals of one Huffman stream (no output is written) and check that they
+    // use its bits exactly: a stream read past its start, or with bits left over, is corrupt, and decoders
+    // differ on what such a stream holds (libzstd's fast path reads the bytes before it). Returns 0 or 22.
+    if (bl < 1 || bs[bl - 1] == 0) return 15;
+    long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
+    int mb = st->huf_bits;
+    for (long long k = 0; k < count; k++) {
+        // the next mb bits below pos (zeros below the stream's start), at most 3 bytes
+        long long lo = pos - mb;
+        unsigned int v = 0;
+        long long b0 = (lo < 0 ? 0 : lo) >> 3, b1 = (pos - 1) >> 3;
+        if (pos > 0)
+            for (long long b = b1; b >= b0; b--) v = (v << 8) | bs[b];
+        unsigned int peek;
+        if (pos <= 0) peek = 0;
+        else if (lo >= 0) peek = (v >> (lo - 8 * b0)) & ((1u << mb) - 1);
+        else peek = (v & ((1u << pos) - 1)) << (-lo);
+        pos -= st->huf[peek] & 15;
+        if (pos < 0) return 22;
+    }
+    return pos == 0 ? 0 : 22;
 }
 
 // 3.1.1.3.2.2: predefined distributions; 3.1.1.3.2.1.1: literal length and match length codes
@@ -319,7 +360,7 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
         long long tree = 0;
         if (ltype == 2) {
             if (lcs < 1) return 7;
-            int bad = gz_huf_tree(q + lh, lcs, &tree);
+            int bad = gz_huf_tree(q + lh, lcs, &tree, mode >= 2 ? st : 0);
             if (bad) return bad;
             if (tree >= lcs) return 7;
             st->lit_table = 1;
@@ -331,9 +372,21 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
             long long s1 = hs[0] | (hs[1] << 8), s2 = hs[2] | (hs[3] << 8), s3 = hs[4] | (hs[5] << 8);
             if (s1 < 1 || s2 < 1 || s3 < 1 || s1 + s2 + s3 + 6 >= rest) return 7;
             if (!hs[5 + s1] || !hs[5 + s1 + s2] || !hs[5 + s1 + s2 + s3] || !hs[rest - 1]) return 15;
+            if (mode >= 2 && st->huf_bits) {  // 4.2.2: each of the four streams regenerates its share exactly
+                long long per = (lit + 3) / 4, s4 = rest - 6 - s1 - s2 - s3;
+                int bad = gz_huf_stream(hs + 6, s1, per, st);
+                if (!bad) bad = gz_huf_stream(hs + 6 + s1, s2, per, st);
+                if (!bad) bad = gz_huf_stream(hs + 6 + s1 + s2, s3, per, st);
+                if (!bad) bad = gz_huf_stream(hs + 6 + s1 + s2 + s3, s4, lit - 3 * per, st);
+                if (bad) return bad;
+            }
         } else {
             if (rest < 1) return 7;
             if (!hs[rest - 1]) return 15;
+            if (mode >= 2 && st->huf_bits) {
+                int bad = gz_huf_stream(hs, rest, lit, st);
+                if (bad) return bad;
+            }
         }
     }
     if (lit > bmax) return 5;
@@ -379,7 +432,7 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
     // len_out: the bytes the frame spans (-4 reserved block type).
     // deep_out: 0, or why the blocks are structurally impossible (ZSTD_DEEP_REASONS).
     // mode: 0 checks block headers, literals and sequences headers, tables and stream end markers;
-    // 1 also decodes every sequence (ZSTD_CHECK_MODES).
+    // 1 also decodes every sequence; 2 also decodes every Huffman-coded literal (ZSTD_CHECK_MODES).
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const unsigned char* p = src + offs[i];
@@ -416,7 +469,7 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
     long long bmax = (wsize >= 0 && wsize < 131072) ? wsize : 131072;
     long long lo = 0, hi = 0;
     gz_zstate st;
-    st.lit_table = 0; st.seq_table = 0; st.out = 0;
+    st.lit_table = 0; st.seq_table = 0; st.out = 0; st.huf_bits = 0;
     st.rep[0] = 1; st.rep[1] = 4; st.rep[2] = 8;
     st.al[0] = st.al[1] = st.al[2] = 0;
     while (1) {

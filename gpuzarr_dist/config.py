@@ -28,13 +28,6 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     (e.g. 14.54 against 13.55 GB/s), with 8 threads kvikio was faster (14.19
     against 13.06), and one block alone reads far faster through kvikio, so
     the default stays.
-``gpuzarr.gpu.upload-grain``
-    The GPU read copies a block's stored bytes to the device in pieces of
-    about this size while the rest of the block is still being read from
-    local files, so that the copy hides behind the reads instead of following
-    them (default ``32 MiB``; ``0`` or ``off``: one copy after the whole block
-    is read, the earlier behaviour). Stores that read in one go (shards,
-    object stores) copy once at the end either way.
 ``gpuzarr.decode-threads``
     Threads that decode chunks on the CPU device per process. Default: CPU count.
 ``gpuzarr.shards.merge-gap`` / ``gpuzarr.shards.max-range``
@@ -222,20 +215,4 @@ def deflate_walk_threads() -> int:
     n = int(v)
     if not 1 <= n <= 1024:
         raise ValueError(f"gpuzarr.gpu.deflate-walk-threads must be 'auto' or 1..1024, not {v!r}")
-    return n
-
-
-dask.config.update_defaults({"gpuzarr": {"gpu": {"upload-grain": "32 MiB"}}})
-
-
-def upload_grain() -> int:
-    """``gpuzarr.gpu.upload-grain`` in bytes; 0 where turned off (see the module docstring)."""
-    from dask.utils import parse_bytes
-
-    v = dask.config.get("gpuzarr.gpu.upload-grain", "32 MiB")
-    if v is None or str(v).strip().lower() in ("", "0", "off", "none", "false"):
-        return 0
-    n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
-    if n < 0:
-        raise ValueError(f"gpuzarr.gpu.upload-grain must be a size or 'off', not {v!r}")
     return n

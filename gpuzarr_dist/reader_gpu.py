@@ -13,10 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import cupy
-import numpy as np
 
 from .assemble import Plan
-from .config import upload_grain
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported, settle
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
@@ -49,29 +47,17 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         return out
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
-    grain = upload_grain()
-    upload = _UploadWhileReading(stream, grain) if grain else None
-    try:
-        if upload is None:
-            host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
-            dev = None
-        else:
-            host, offsets, sizes = reader.store.read_into(keys, upload.staging, ALIGN, framing_lead(pipeline),
-                                                          ready=upload.ready)
-            dev = upload.finish()
-    except BaseException:
-        settle(stream)  # no copy may still read the staging buffer once it goes back to the pool
-        raise
+    host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:
-        _decode_and_place(reader, plan, out, host, dev, offsets, sizes, keys, stream, timed)
+        _decode_and_place(reader, plan, out, host, offsets, sizes, keys, stream, timed)
     except BaseException:
         settle(stream)  # ``host`` goes back to the shared pinned pool: no copy may still read it
         raise
     return out
 
 
-def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, dev, offsets, sizes, keys, stream,
+def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, offsets, sizes, keys, stream,
                       timed) -> None:
     spec, pipeline = reader.spec, reader.pipeline
     present = [i for i, n in enumerate(sizes) if n >= 0]
@@ -86,7 +72,6 @@ def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host
             [sizes[i] for i in present],
             [keys[i] for i in present],
             stream,
-            dev=dev,
         )
         timed("H2D + decode")
         if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
@@ -99,45 +84,6 @@ def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host
                 out[part.out_sel] = chunks[j][part.chunk_sel]
     stream.synchronize()
     timed("place")
-
-
-class _UploadWhileReading:
-    """A block's pinned staging buffer whose landed part is copied to the device while the rest is read.
-
-    :meth:`staging` is handed to the store's ``read_into`` (it allocates the
-    pinned buffer and a device buffer of the same size), :meth:`ready` is
-    its ``ready`` callback: each time at least ``grain`` more bytes have
-    landed, they are copied up on ``stream`` (asynchronously: the thread goes
-    on waiting for reads while the copy engine works). :meth:`finish` copies
-    the rest and returns the device buffer. The caller synchronises ``stream``
-    before the staging buffer can be reused (it does so for every block).
-    """
-
-    def __init__(self, stream: cupy.cuda.Stream, grain: int):
-        self.stream, self.grain = stream, grain
-        self.host: np.ndarray | None = None
-        self.dev: cupy.ndarray | None = None
-        self.sent = 0
-
-    def staging(self, nbytes: int) -> np.ndarray:
-        self.host = pinned_staging(nbytes)
-        self.dev = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
-        return self.host
-
-    def ready(self, end: int) -> None:
-        if end - self.sent >= self.grain:
-            self._send(end)
-
-    def _send(self, end: int) -> None:
-        self.dev[self.sent : end].set(self.host[self.sent : end], stream=self.stream)
-        self.sent = end
-
-    def finish(self) -> cupy.ndarray:
-        if self.host is None:  # the store never asked for a buffer (no chunks)
-            return cupy.empty(1, dtype=cupy.uint8)
-        if self.sent < self.host.size:
-            self._send(self.host.size)
-        return self.dev
 
 
 def _unit_step_grid(plan: Plan) -> bool:

@@ -372,7 +372,6 @@ def decode_batch_gpu(
     sizes: Sequence[int],
     keys: Sequence[str],
     stream: cupy.cuda.Stream,
-    dev: cupy.ndarray | None = None,
 ) -> cupy.ndarray:
     """Decode stored chunks (in pinned ``host`` at ``offsets``) into a device array ``(n, *chunk_shape)``.
 
@@ -381,9 +380,6 @@ def decode_batch_gpu(
     known and checked (the decode itself may still be finishing on ``stream``,
     which every later use of the result is ordered after). Raises only after
     ``stream`` is idle (:func:`settle`): no copy still reads ``host`` then.
-    ``dev``: the same bytes already on the device (copied, or being copied,
-    on ``stream`` while the block was read); then they are not copied again.
-    The host bytes are still read for the host-side checks and the CPU fallback.
 
     ``stream`` is made current for the batch: the checking kernels (zstd, lz4
     walks, checksums) and their copies back run on CuPy's current stream, and
@@ -392,14 +388,14 @@ def decode_batch_gpu(
     """
     try:
         with stream:  # every allocation, walk kernel and copy back on ``stream``, whatever the caller's current one
-            return _decode_batch(pipeline, host, offsets, sizes, keys, stream, dev)
+            return _decode_batch(pipeline, host, offsets, sizes, keys, stream)
     except BaseException:
         settle(stream)
         raise
 
 
 def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                  keys: Sequence[str], stream: cupy.cuda.Stream, dev: cupy.ndarray | None) -> cupy.ndarray:
+                  keys: Sequence[str], stream: cupy.cuda.Stream) -> cupy.ndarray:
     from nvidia import nvcomp
 
     from ..runtime.cuda import align
@@ -415,8 +411,7 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
     if _is_blosc(pipeline):  # frames taken apart on the host, streams decoded in one call per codec
         from .gpu_blosc import decode_blosc_batch
 
-        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream,
-                                       dev=dev)
+        blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
         timed("decode: blosc")
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
@@ -432,10 +427,9 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
         _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
         timed("decode: stated sizes (host)")
-    if dev is None:  # else already copied up (or being copied, on ``stream``) while the block was read
-        total = int(np.max(np.add(offsets, sizes)))
-        dev = cupy.empty(total, dtype=cupy.uint8)
-        dev.set(host[:total], stream=stream)
+    total = int(np.max(np.add(offsets, sizes)))
+    dev = cupy.empty(total, dtype=cupy.uint8)
+    dev.set(host[:total], stream=stream)
     if _stages_enabled():  # only when timing: the copy's own time, not the next stage's wait
         stream.synchronize()
     timed("decode: H2D")

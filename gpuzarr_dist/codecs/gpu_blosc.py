@@ -69,7 +69,6 @@ def decode_blosc_batch(
     expected: int,
     stride: int,
     stream: cupy.cuda.Stream,
-    dev: cupy.ndarray | None = None,
 ) -> cupy.ndarray | None:
     """Decode the Blosc frames of a batch into a device buffer, chunk ``i`` at ``i * stride``.
 
@@ -78,8 +77,7 @@ def decode_blosc_batch(
     wrong). Returns ``None`` where the batch must be decoded on the CPU
     instead (frames of a compressor without a GPU decoder, streams nvCOMP
     cannot take or bound). Raises :class:`ChunkDecodeError` naming the chunk
-    for malformed frames. ``dev``: the stored bytes already on the device (see
-    :func:`.gpu.decode_batch_gpu`); they are then copied device to device.
+    for malformed frames.
     """
     from nvidia import nvcomp
 
@@ -110,10 +108,7 @@ def decode_blosc_batch(
               plan.block_piece0, plan.block_neblock, plan.block_typesize, plan.block_mode, seg_block, seg_start]
     with stream:
         work = cupy.empty(pl.total, dtype=cupy.uint8)
-        if dev is None:
-            work[:in_total].set(host[:in_total], stream=stream)
-        else:
-            work[:in_total] = dev[:in_total]
+        work[:in_total].set(host[:in_total], stream=stream)
         packed = cupy.asarray(np.concatenate([np.asarray(t, dtype=np.int64) for t in tables]))
         views, at = [], 0
         for t in tables:

@@ -50,23 +50,16 @@ class ChunkStore(ABC):
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The bytes of each chunk key (relative to the array), ``None`` where absent."""
 
-    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256, lead: int = 0,
-                  ready: "Callable[[int], None] | None" = None) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read chunks into one staging buffer at ``align``-ed offsets.
 
         ``staging(nbytes)`` returns a writable uint8 buffer of at least
         ``nbytes`` (pinned host memory on the GPU path). Chunk ``i`` lands at
         ``offsets[i]``, chosen so that ``offsets[i] + lead`` is a multiple of
         ``align`` (``lead`` skips a codec's framing header). Returns
-        ``(buffer, offsets, sizes)``; a missing chunk has size -1.
-
-        ``ready(end)``, where given, may be called while the rest is still
-        being read, with increasing ``end``: every byte of the buffer below
-        ``end`` is final (the GPU reader copies that part to the device while
-        the rest is read). Stores may never call it; the caller treats the
-        whole buffer as final once ``read_into`` returns. This generic version
-        reads with :meth:`read_many` and copies; local files override it to
-        read straight into the buffer (and call ``ready`` as chunks land).
+        ``(buffer, offsets, sizes)``; a missing chunk has size -1. This
+        generic version reads with :meth:`read_many` and copies; local files
+        override it to read straight into the buffer.
         """
         raw = self.read_many(keys)
         sizes = [-1 if b is None else len(b) for b in raw]

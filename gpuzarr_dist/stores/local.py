@@ -92,21 +92,18 @@ class LocalChunkStore(ChunkStore):
             return [self._read(k) for k in keys]
         return list(io_pool().map(self._read, keys))
 
-    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0,
-                  ready: Callable[[int], None] | None = None) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read the chunk files straight into one staging buffer (no intermediate bytes objects).
 
         Sizes every file first, then reads them all at once into their aligned
         slots: through kvikio's C++ thread pool where kvikio is installed (no
         Python thread per read, so no GIL hand-offs between reads), otherwise
-        with ``preadv`` on the shared I/O threads. ``ready(end)`` is called
-        each time the chunks up to some point have all landed (in chunk
-        order; a chunk that must be read again holds it back until it has).
+        with ``preadv`` on the shared I/O threads.
         """
         mode = local_reads()
         kvikio = _kvikio() if mode in ("auto", "kvikio") else None
         if kvikio is not None:
-            return self._read_into_kvikio(kvikio, keys, staging, align, lead, ready)
+            return self._read_into_kvikio(kvikio, keys, staging, align, lead)
         timed = stage_timer()
         fds: list[int | None] = []
         sizes: list[int] = []
@@ -134,10 +131,11 @@ class LocalChunkStore(ChunkStore):
                 if got != n:  # failed or short: again, with a fresh handle and the retry policy
                     self._read_slot(keys[i], view[off : off + n], n)
 
-            done = io_pool().map(one, range(len(keys))) if len(keys) > 1 and mode != "inline" else map(one, range(len(keys)))
-            for i, _ in enumerate(done):  # in chunk order; ``one`` returns once its chunk is final
-                if ready is not None and sizes[i] > 0:
-                    ready(offsets[i] + sizes[i])
+            if len(keys) > 1 and mode != "inline":
+                list(io_pool().map(one, range(len(keys))))
+            else:
+                for i in range(len(keys)):
+                    one(i)
             timed("files: reads")
             return buf, offsets, sizes
         finally:
@@ -152,7 +150,7 @@ class LocalChunkStore(ChunkStore):
             return None
 
     def _read_into_kvikio(self, kvikio: Any, keys: Sequence[str], staging: Callable[[int], Any], align: int,
-                          lead: int, ready: Callable[[int], None] | None = None) -> tuple[Any, list[int], list[int]]:
+                          lead: int) -> tuple[Any, list[int], list[int]]:
         timed = stage_timer()
         sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
         offsets, total = staging_layout(sizes, align, lead)
@@ -170,7 +168,6 @@ class LocalChunkStore(ChunkStore):
                         again.append((key, n, off))
                         continue
                     futures.append((key, n, off, files[-1].pread(buf[off : off + n], n, 0)))
-            held = min((off for _, _, off in again), default=None)  # ``ready`` stops below a chunk to read again
             for key, n, off, fut in futures:
                 try:
                     got = fut.get()
@@ -179,9 +176,6 @@ class LocalChunkStore(ChunkStore):
                 waited += 1
                 if got != n:  # failed or short: read again below, once every kvikio read has finished
                     again.append((key, n, off))
-                    held = off if held is None else min(held, off)
-                elif ready is not None and (held is None or off + n <= held):
-                    ready(off + n)
         finally:
             for _, _, _, fut in futures[waited:]:  # never hand back the buffer while a read still writes to it
                 try:

@@ -221,8 +221,7 @@ class ShardedChunkStore(ChunkStore):
         strides = np.cumprod((1, *per[:0:-1]))[::-1].astype(np.int64)
         return (pos @ strides).tolist()
 
-    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0,
-                  ready: Callable[[int], None] | None = None) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Inner chunks into aligned slots of one staging buffer, each shard's bytes in as few reads as possible.
 
         Planning is vectorised over all keys of the call. Where the merge gap
@@ -230,7 +229,7 @@ class ShardedChunkStore(ChunkStore):
         bytes between the first and the last of them (a block reads most of
         its shards), that whole span is one read, scattered into the aligned
         slots (gap bytes to scratch); sparse shards (windows) merge ranges
-        at most the merge gap apart. ``ready`` is not called (see the base class).
+        at most the merge gap apart.
         """
         timed = _stage_timer()
         shards, which, inner = self._parse(keys)

@@ -2,7 +2,7 @@
 """GPU check for issue 9: the zstd walk's cost per ``gpuzarr.gpu.zstd-check`` mode next to nvCOMP's decode.
 
 On 64 ERA5-like chunks (float32 721 x 1440, zstd level 0, ~3 MiB stored):
-times the device walk (``_zstd_frames``) in "headers" and "sequences" mode
+times the device walk (``_zstd_frames``) in "headers", "sequences" and "literals" mode
 and one batched nvCOMP decode of the same chunks, checks the walk flags none
 of them and that the batch decodes equal to numcodecs. Prints ms per batch;
 exits 1 on any failure::
@@ -63,7 +63,7 @@ def main() -> int:
     with stream:
         dev = cupy.asarray(host[:total])
         times = {}
-        for mode in ("headers", "sequences"):
+        for mode in ("headers", "sequences", "literals"):
             with dask.config.set({"gpuzarr.gpu.zstd-check": mode}):
                 suspects = _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)  # compiles, warms
                 if suspects:
@@ -93,7 +93,8 @@ def main() -> int:
         print(f"  walk {mode:<10} {s * 1e3:8.2f} ms per batch")
     print(f"  decode_batch_gpu (default check) {decode * 1e3:8.2f} ms per batch "
           f"({len(chunks) * expected / decode / 1e9:.1f} GB/s)")
-    print(f"  sequences walk / decode: {times['sequences'] / decode:.2f}x")
+    print(f"  sequences walk / decode: {times['sequences'] / decode:.2f}x; literals walk / decode: "
+          f"{times['literals'] / decode:.2f}x")
     print("OK" if not failures else f"FAIL: {failures}")
     return 1 if failures else 0
 

@@ -179,7 +179,7 @@ def test_usage_errors(argv, capsys):
 def test_bench_write_quick(tmp_path, capsys):
     """``bench write --quick`` runs on the CPU: every tool's row, the ratio each achieved, the JSON, a read-back check."""
     code, out, err = run_cli(capsys, "bench", "write", "--quick", "--device", "cpu", "--time-steps", "2",
-                             "--block-steps", "1", "--out", str(tmp_path / "res"), "--path", str(tmp_path))
+                             "--block-steps", "1", "--out", str(tmp_path / "res"), "--path", str(tmp_path / "new" / "dir"))
     assert code == 0, err
     assert "read back by zarr-python: identical" in out
     with open(tmp_path / "res" / "bench-write.json") as f:
@@ -192,6 +192,9 @@ def test_bench_write_quick(tmp_path, capsys):
     assert rows["gpuzarr-dist to_zarr_gpu"]["extra"]["ratio"] == pytest.approx(
         rows["zarr-python a[:] = data (numcodecs zstd)"]["extra"]["ratio"])
     assert result["meta"]["nbytes"] == 2 * 721 * 1440 * 4
+    assert (tmp_path / "new" / "dir").is_dir()  # --path that did not exist is made, not an error
+
+
 def test_bench_shards_quick(tmp_path, capsys):
     from gpuzarr_dist.cli import main
 

@@ -63,7 +63,10 @@ def run(args) -> int:
     block_steps = int(getattr(args, "block_steps", None) or (4 if quick else 64))
     repeat = 1 if quick else 3
     out_dir = getattr(args, "out", None) or "bench-results"
-    tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-write-", dir=getattr(args, "path", None))
+    where = getattr(args, "path", None)
+    if where:  # a folder that does not exist yet is made (as bench read does with its --path)
+        os.makedirs(where, exist_ok=True)
+    tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-write-", dir=where)
     data = _data(steps)
     nbytes = data.nbytes
     print(f"array: float32 {data.shape}, chunks {CHUNK}, dask blocks of {block_steps} steps; "

@@ -50,6 +50,14 @@ def test_cpu_run_judges_every_case_with_no_failure(tmp_path):
     assert "cases/s" in p.stdout and "blosc-zstd+crc32c" in p.stdout
 
 
+@pytest.mark.parametrize("mode", ["headers", "sequences"])
+def test_children_decode_with_the_zstd_check_asked_for(tmp_path, mode):
+    """``--zstd-check`` reaches the children (each used to set it again from its own argparse default)."""
+    p, report, _ = _run(tmp_path, "--cases", "40", "--standby", "0", "--zstd-check", mode)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert report["zstd_check"] == mode and report["children_zstd_check"] == [mode]
+
+
 def test_crash_and_hang_are_named_saved_and_replayable(tmp_path):
     # ``alone`` dies in a batch of one damaged chunk (zstd); ``hang`` hangs in a batch of several, which the
     # next child runs again one damaged chunk per batch to find the culprit

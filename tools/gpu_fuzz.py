@@ -128,6 +128,9 @@ BLOSC_MUTATIONS = ["blosc-nbytes", "blosc-blocksize", "blosc-cbytes", "blosc-fla
 GOOD_PER_BATCH = 3
 POOL = 6  # good chunks per chain
 EXIT_CUDA_LOST = 3
+#: the environment variable through which --zstd-check reaches ``gpuzarr.gpu.zstd-check``
+ZSTD_CHECK_ENV = "DASK_GPUZARR__GPU__ZSTD_CHECK"
+
 FAILURES = ("crash", "decoded, CPU rejects", "decoded, differs", "misattributed", "collateral", "other exception")
 
 #: one round over the chains: chains decoded by nvCOMP's zstd twice (one damaged chunk per batch there)
@@ -565,7 +568,9 @@ def run_child(args: argparse.Namespace) -> int:
     job = json.loads(line)
     journal = open(args.journal, "a", buffering=1)
     child = Child(dec, journal)
-    child.write({"ready": os.getpid()})
+    from gpuzarr_dist.config import zstd_check
+
+    child.write({"ready": os.getpid(), "zstd_check": zstd_check()})  # the mode the decoders really run with
     for i in job["solo"]:
         child.run_batch([i], isolate=True)
     i = job["start"]
@@ -607,7 +612,7 @@ class Supervisor:
 
     def spawn(self) -> subprocess.Popen:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", "--journal", self.journal,
-               "--device", self.args.device, "--seed", str(self.args.seed)]
+               "--device", self.args.device, "--seed", str(self.args.seed), "--zstd-check", self.args.zstd_check]
         return subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
 
     def top_up(self) -> None:
@@ -926,7 +931,7 @@ def sanitize(crashes: list[str], n: int, device: str, budget: float) -> list[dic
         each = budget / (len(chosen) - j)
         t = time.time()
         cmd = [tool, "--tool", "memcheck", "--print-limit", "5", sys.executable, os.path.abspath(__file__),
-               "--replay", path, "--device", device]
+               "--replay", path, "--device", device, "--zstd-check", os.environ.get(ZSTD_CHECK_ENV, "literals")]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5.0, each))
             text, rc = p.stdout + p.stderr, p.returncode
@@ -1015,7 +1020,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--journal", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    os.environ["DASK_GPUZARR__GPU__ZSTD_CHECK"] = args.zstd_check  # children and replays inherit it
+    # the decoders read it when gpuzarr_dist is imported; children and replays are handed --zstd-check
+    # explicitly (their own argparse default would otherwise set this again, whatever the parent was asked)
+    os.environ[ZSTD_CHECK_ENV] = args.zstd_check
     if args.replay:
         return replay(args.replay, args.device)
     if args.child:
@@ -1043,7 +1050,9 @@ def main(argv: list[str] | None = None) -> int:
             alone = [final.get(i, {}).get("outcome", "") for i in f["cases"]]
             if not any(o.startswith(f["finding"].split(":")[0]) for o in alone):
                 counts[f"{f['finding']} (only with several damaged chunks in one batch)"] += 1
+    modes = sorted(_child_modes(sup.journal))
     report = {"cases": len(final), "children": sup.children, "lanes": len(sup.sups), "zstd_check": args.zstd_check,
+              "children_zstd_check": modes,
               "seconds": round(seconds, 1),
               "cases_per_s": round(len(final) / max(seconds, 1e-9), 1), "device": args.device, "seed": args.seed,
               "outcomes": dict(counts), "per_chain": {c: dict(v) for c, v in per_chain.items()},
@@ -1059,9 +1068,25 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copy(sup.journal, os.path.join(args.out, "gpu_fuzz_journal.jsonl"))
     _print(report)
     failures = sum(v for k, v in counts.items() if k.startswith(FAILURES)) + sup.aborted
+    if modes and modes != [args.zstd_check]:  # the run did not measure what it was asked to
+        print(f"children decoded with gpuzarr.gpu.zstd-check {modes}, not {args.zstd_check!r}", flush=True)
+        failures += 1
     print(summary_line(counts, by_check, len(final), len(CHAINS)), flush=True)
     print(f"\n{'FAIL' if failures else 'OK'}: {failures} failing case(s) of {len(final)}", flush=True)
     return 1 if failures else 0
+
+
+def _child_modes(journal: str) -> set[str]:
+    """The ``gpuzarr.gpu.zstd-check`` values the children reported when they started."""
+    modes = set()
+    with open(journal) as f:
+        for line in f:
+            if '"ready"' in line:
+                try:
+                    modes.add(json.loads(line).get("zstd_check"))
+                except json.JSONDecodeError:  # a line cut by a crash
+                    continue
+    return modes - {None}
 
 
 if __name__ == "__main__":

@@ -395,3 +395,20 @@ def test_fuzz_cases_where_nvcomp_and_libzstd_disagreed_are_flagged_in_literals_m
     assert [r[2] for r in walk(damaged, 2)] == [22] * len(found)
     assert [r[2] for r in walk(orig, 2)] == [0] * len(found)
     assert "Huffman" in ZSTD_DEEP_REASONS[22]
+
+
+def test_default_zstd_check_is_sequences_and_values_are_checked():
+    """The default keeps damaged frames from nvCOMP's zstd decoder, which hung on frames the header walk passed."""
+    import dask
+
+    from gpuzarr_dist.codecs.kernels import ZSTD_CHECK_MODES
+    from gpuzarr_dist.config import ZSTD_CHECKS, zstd_check
+
+    assert zstd_check() == "sequences"
+    assert set(ZSTD_CHECKS) == set(ZSTD_CHECK_MODES)
+    for mode in ZSTD_CHECKS:
+        with dask.config.set({"gpuzarr.gpu.zstd-check": mode.upper()}):
+            assert zstd_check() == mode
+    with dask.config.set({"gpuzarr.gpu.zstd-check": "full"}):
+        with pytest.raises(ValueError, match="gpuzarr.gpu.zstd-check must be one of"):
+            zstd_check()

@@ -24,6 +24,7 @@ from gpuzarr_dist.codecs.blosc_frames import (
     HEADER, MAX_BLOCKSIZE, MAX_SPLITS, MEMCPY_BLOCK, MEMCPYED, MIN_BUFFERSIZE, RAW, RESERVED, BloscPlan, _align,
 )
 from gpuzarr_dist.errors import ChunkDecodeError
+from test_blosc_frames import _data as _seeded_data, _encode
 
 # ---- the reference: plan_frames as it was before it was vectorised (copied unchanged, renamed) ----
 
@@ -214,19 +215,8 @@ FIELDS = ["n", "nbytes", "stride", "piece_src", "piece_csize", "piece_dsize", "p
 
 
 def _data(kind: str, nbytes: int, ts: int, rng: np.random.Generator) -> np.ndarray:
-    if kind == "random":  # incompressible: raw streams, memcpyed frames
-        return rng.integers(0, 256, nbytes, dtype=np.uint8)
-    if kind == "zeros":
-        return np.zeros(nbytes, np.uint8)
-    n = nbytes // ts
-    v = (1000 * np.sin(np.arange(n) / 97.0) + rng.normal(0, 3, n)).astype(np.int64)
-    b8 = v.astype("<i8").view(np.uint8).reshape(n, 8)
-    return np.ascontiguousarray(b8[:, np.arange(ts) % 8]).reshape(-1)
-
-
-def _encode(raw: np.ndarray, ts: int, **kw) -> np.ndarray:
-    dtype = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}.get(ts, f"V{ts}")
-    return np.frombuffer(numcodecs.Blosc(**kw).encode(raw.view(dtype)), np.uint8)
+    """test_blosc_frames' payloads (random, zeros, smooth), drawn from ``rng``."""
+    return _seeded_data(kind, nbytes, ts, int(rng.integers(2**31)))
 
 
 def _layout(frames: list[np.ndarray], rng: np.random.Generator, lead: int = 0):

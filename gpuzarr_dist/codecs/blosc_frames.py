@@ -93,16 +93,6 @@ class BloscPlan:
         return len(self.block_dst)
 
 
-@dataclass
-class _Frame:
-    chunk: int
-    off: int
-    cbytes: int
-    flags: int
-    typesize: int
-    blocksize: int
-
-
 def _header(array: str, key: str, frame: np.ndarray, size: int, expected: int) -> tuple[int, int, int, int]:
     """Check one frame's header against c-blosc's rules; return (flags, typesize, blocksize, nblocks)."""
 

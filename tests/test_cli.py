@@ -195,6 +195,26 @@ def test_bench_write_quick(tmp_path, capsys):
     assert (tmp_path / "new" / "dir").is_dir()  # --path that did not exist is made, not an error
 
 
+def test_bench_read_quick(tmp_path, capsys):
+    """``bench read --quick`` runs on the CPU in seconds: both arrays, every tool's row warm and cold, the JSON."""
+    code, out, err = run_cli(capsys, "bench", "read", "--quick", "--device", "cpu", "--out", str(tmp_path / "res"),
+                             "--path", str(tmp_path / "data" / "era5.zarr"))
+    assert code == 0, err
+    assert "zstd check sequences" in out  # the GPU walks' depth is printed with the figures it shapes
+    for stem, driver_row in (("bench-read", "tensorstore"), ("bench-read-blosc", "tensorstore")):
+        with open(tmp_path / "res" / f"{stem}.json") as f:
+            result = json.load(f)
+        rows = {(r["name"], r["cache"]) for r in result["rows"]}
+        for cache in ("warm", "cold"):
+            assert ("gpuzarr-dist from_zarr_gpu().mean(0)", cache) in rows
+            assert ("zarr-python a[:].mean(0)", cache) in rows
+            assert any(n.startswith("ceiling") and c == cache for n, c in rows)
+            assert any(n.startswith(driver_row) and c == cache for n, c in rows)
+        assert all(r["gbps"] > 0 for r in result["rows"])
+        assert result["meta"]["zstd_check"] == "sequences" and result["meta"]["time_steps"] == 8
+    assert "reaches" in out and "of the file-read ceiling" in out
+
+
 def test_bench_shards_quick(tmp_path, capsys):
     from gpuzarr_dist.cli import main
 

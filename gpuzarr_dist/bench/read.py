@@ -168,7 +168,10 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     how, stem = CODECS[codec]
     print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
-    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}")
+    from ..config import deflate_check, zstd_check
+
+    checks = f"zstd check {zstd_check()}, deflate check {deflate_check()}"  # the GPU walks' depth sets the GPU's rate
+    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {checks}; {platform.node()}")
 
     blocks = list(getattr(args, "block_size", None) or [None])
     candidates: list[tuple[str, Callable[[], None] | None]] = [
@@ -211,7 +214,8 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     for line in stage_times(path, device, blocks[0]) + thread_scaling(path, device, blocks[0]):
         print(line)
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
-            "nbytes": nbytes, "host": platform.node(), "quick": quick, "codec": codec}
+            "nbytes": nbytes, "host": platform.node(), "quick": quick, "codec": codec,
+            "zstd_check": zstd_check(), "deflate_check": deflate_check()}
     written = save(rows, out_dir, stem, f"time mean of float32 ({steps}, 721, 1440), {codec}, {device}", meta)
     print("saved:", ", ".join(written))
 

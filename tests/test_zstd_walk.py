@@ -11,9 +11,8 @@ impossible frames; libzstd (through numcodecs) is the independent judge.
 from __future__ import annotations
 
 import collections
-import shutil
-import struct
-import subprocess
+import os
+import sys
 
 import numcodecs
 import numpy as np
@@ -21,51 +20,19 @@ import pytest
 
 from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
 
-HARNESS = r"""
-#include <cstdio>
-#include <cstdlib>
-struct D { unsigned int x; };
-static D blockIdx, threadIdx, blockDim;
-#define __global__
-#define __device__ static
-""" + ZSTD_FRAMES_SRC + r"""
-int main(int argc, char** argv) {
-    unsigned int n;
-    int mode = argc > 1 ? atoi(argv[1]) : 0;
-    blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
-    while (fread(&n, 4, 1, stdin) == 1) {
-        unsigned char* buf = (unsigned char*)malloc(n ? n : 1);
-        if (n && fread(buf, 1, n, stdin) != n) return 2;
-        long long off = 0, size = n, fcs, len; int deep;
-        zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
-        printf("%lld %lld %d\n", fcs, len, deep);
-        free(buf);
-    }
-    return 0;
-}
-"""
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from zstd_walk_host import build_walk, run_walk  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def walk(tmp_path_factory):
     """``walk(frames) -> [(stated size, frame length, deep code)]`` through the compiled kernel source."""
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is None:
+    exe = build_walk(str(tmp_path_factory.mktemp("zstd_walk")))
+    if exe is None:
         pytest.skip("no C++ compiler to build the kernel source for the host")
-    folder = tmp_path_factory.mktemp("zstd_walk")
-    src, exe = folder / "walk.cpp", folder / "walk"
-    src.write_text(HARNESS)
-    for flags in (["-fsanitize=address,undefined", "-fno-sanitize-recover=all"], []):
-        if subprocess.run([cxx, "-O1", "-g", *flags, "-o", str(exe), str(src)], capture_output=True).returncode == 0:
-            break
-    else:
-        pytest.fail("the kernel source does not compile as C++")
 
     def run(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int]]:
-        payload = b"".join(struct.pack("<I", len(f)) + f for f in frames)
-        r = subprocess.run([str(exe), str(mode)], input=payload, capture_output=True, timeout=300)
-        assert r.returncode == 0, r.stderr.decode(errors="replace")[-4000:]
-        return [tuple(map(int, line.split())) for line in r.stdout.decode().splitlines()]
+        return run_walk(exe, frames, mode)
 
     return run
 
@@ -200,18 +167,12 @@ def test_device_walk_agrees_with_libzstd_and_with_the_host_build(mode):
             continue
         # header rejections must never hit a frame libzstd decodes; deep flags may (the CPU decodes those)
         assert deep and fcs == n and length == len(frame), (frame[:24].hex(), fcs, length, deep)
-    cxx = shutil.which("g++") or shutil.which("clang++")
-    if cxx is not None:  # the very same source built for the host gives the very same answers
-        import tempfile
+    import tempfile
 
-        with tempfile.TemporaryDirectory() as tmp:
-            src, exe = f"{tmp}/walk.cpp", f"{tmp}/walk"
-            with open(src, "w") as fh:
-                fh.write(HARNESS)
-            subprocess.run([cxx, "-O1", "-o", exe, src], check=True)
-            payload = b"".join(struct.pack("<I", len(f)) + f for f, _ in cases)
-            out = subprocess.run([exe, str(mode)], input=payload, capture_output=True, check=True).stdout.decode().splitlines()
-        assert [tuple(map(int, line.split())) for line in out] == results
+    with tempfile.TemporaryDirectory() as tmp:  # the very same source built for the host gives the very same answers
+        exe = build_walk(tmp, sanitize=False)
+        if exe is not None:
+            assert run_walk(exe, [f for f, _ in cases], mode) == results
 
 
 # ---------------------------------------------------------------- the entropy checks (issue 9): both modes

@@ -29,9 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import struct
-import subprocess
 import sys
 import tempfile
 
@@ -87,44 +84,18 @@ def diff(a: bytes | None, b: bytes | None) -> str:
 
 
 class HostWalk:
-    """``ZSTD_FRAMES_SRC`` built with the host C++ compiler (as tests/test_zstd_walk.py builds it), or None."""
+    """``ZSTD_FRAMES_SRC`` built with the host C++ compiler (``zstd_walk_host``, as the tests build it)."""
 
     def __init__(self):
-        self.exe = None
-        cxx = shutil.which("g++") or shutil.which("clang++")
-        if cxx is None:
-            return
-        from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC
+        from zstd_walk_host import build_walk
 
-        src = ("#include <cstdio>\n#include <cstdlib>\nstruct D { unsigned int x; };\nstatic D blockIdx, threadIdx, "
-               "blockDim;\n#define __global__\n#define __device__ static\n" + ZSTD_FRAMES_SRC + r"""
-int main(int argc, char** argv) {
-    unsigned int n; int mode = atoi(argv[1]);
-    blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
-    while (fread(&n, 4, 1, stdin) == 1) {
-        unsigned char* buf = (unsigned char*)malloc(n ? n : 1);
-        if (n && fread(buf, 1, n, stdin) != n) return 2;
-        long long off = 0, size = n, fcs, len; int deep;
-        zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
-        printf("%lld %lld %d\n", fcs, len, deep);
-        free(buf);
-    }
-    return 0;
-}
-""")
         self.tmp = tempfile.mkdtemp(prefix="zstd_walk_")
-        with open(os.path.join(self.tmp, "walk.cpp"), "w") as f:
-            f.write(src)
-        exe = os.path.join(self.tmp, "walk")
-        if subprocess.run([cxx, "-O2", "-o", exe, os.path.join(self.tmp, "walk.cpp")], capture_output=True).returncode == 0:
-            self.exe = exe
+        self.exe = build_walk(self.tmp, sanitize=False, opt="-O2")
 
     def __call__(self, frames: list[bytes], mode: int) -> list[tuple[int, int, int]] | None:
-        if self.exe is None:
-            return None
-        payload = b"".join(struct.pack("<I", len(f)) + f for f in frames)
-        out = subprocess.run([self.exe, str(mode)], input=payload, capture_output=True, check=True).stdout.decode()
-        return [tuple(map(int, line.split())) for line in out.splitlines()]
+        from zstd_walk_host import run_walk
+
+        return None if self.exe is None else run_walk(self.exe, frames, mode)
 
 
 # --------------------------------------------------------------------------- decoding one frame

@@ -16,8 +16,8 @@ import cupy
 
 from .assemble import Plan
 from .stages import stage_timer
-from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported, settle
-from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, thread_stream
+from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
+from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream
 from .runtime.once import warn_once
 
 if TYPE_CHECKING:
@@ -50,40 +50,34 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:
-        _decode_and_place(reader, plan, out, host, offsets, sizes, keys, stream, timed)
+        present = [i for i, n in enumerate(sizes) if n >= 0]
+        for i, n in enumerate(sizes):
+            if n < 0:
+                out[plan.parts[i].out_sel] = spec.fill_value
+        if present:
+            chunks = decode_batch_gpu(
+                pipeline,
+                host,
+                [offsets[i] for i in present],
+                [sizes[i] for i in present],
+                [keys[i] for i in present],
+                stream,
+            )
+            timed("H2D + decode")
+            if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
+                _place_grid(out, chunks, spec.chunk_shape)
+            elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and _unit_step_grid(plan):
+                _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
+            else:
+                for j, i in enumerate(present):
+                    part = plan.parts[i]
+                    out[part.out_sel] = chunks[j][part.chunk_sel]
+        stream.synchronize()
+        timed("place")
     except BaseException:
         settle(stream)  # ``host`` goes back to the shared pinned pool: no copy may still read it
         raise
     return out
-
-
-def _decode_and_place(reader: "BlockReader", plan: Plan, out: cupy.ndarray, host, offsets, sizes, keys, stream,
-                      timed) -> None:
-    spec, pipeline = reader.spec, reader.pipeline
-    present = [i for i, n in enumerate(sizes) if n >= 0]
-    for i, n in enumerate(sizes):
-        if n < 0:
-            out[plan.parts[i].out_sel] = spec.fill_value
-    if present:
-        chunks = decode_batch_gpu(
-            pipeline,
-            host,
-            [offsets[i] for i in present],
-            [sizes[i] for i in present],
-            [keys[i] for i in present],
-            stream,
-        )
-        timed("H2D + decode")
-        if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
-            _place_grid(out, chunks, spec.chunk_shape)
-        elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and _unit_step_grid(plan):
-            _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
-        else:
-            for j, i in enumerate(present):
-                part = plan.parts[i]
-                out[part.out_sel] = chunks[j][part.chunk_sel]
-    stream.synchronize()
-    timed("place")
 
 
 def _unit_step_grid(plan: Plan) -> bool:

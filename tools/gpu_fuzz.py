@@ -394,8 +394,8 @@ class Decoder:
         pipe = self.pipelines[chain]
         if not self.gpu:
             return [pipe.decode_chunk(b, k) for b, k in zip(chunks, keys)]
-        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead, settle
-        from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead
+        from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging, settle
         from gpuzarr_dist.stores.base import staging_layout
 
         sizes = [len(b) for b in chunks]

@@ -30,6 +30,7 @@ from . import host_checks
 from .pipeline import CodecPipeline
 from ..config import deflate_check
 from ..errors import ChunkDecodeError
+from ..runtime.cuda import settle
 from ..runtime.memory import is_out_of_memory
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -348,21 +349,6 @@ def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[
             except ValueError as e:
                 raise ChunkDecodeError(pipeline.array, key, str(e), "crc32c") from None
             sizes[i] -= 4
-
-
-def settle(stream: cupy.cuda.Stream) -> None:
-    """Wait for everything queued on ``stream``, on a path that is already raising (its own errors are dropped).
-
-    A batch that fails after its host-to-device copy (or a kernel, or nvCOMP)
-    was queued must not hand its pinned staging buffer back to the shared pool
-    (:func:`..runtime.cuda.pinned_staging`), nor its device buffers, while that
-    work may still read or write them: the next block, on any thread, may be
-    given the same pinned buffer and refill it under the copy.
-    """
-    try:
-        stream.synchronize()
-    except Exception:  # noqa: BLE001 - a lost context: the error being raised says more
-        pass
 
 
 def decode_batch_gpu(

@@ -85,6 +85,21 @@ def sync_thread_stream() -> None:
         s.synchronize()
 
 
+def settle(stream: cupy.cuda.Stream) -> None:
+    """Wait for everything queued on ``stream``, on a path that is already raising (its own errors are dropped).
+
+    A batch that fails after its host-to-device copy (or a kernel, or nvCOMP)
+    was queued must not hand its pinned staging buffer back to the shared pool
+    (:func:`pinned_staging`), nor its device buffers, while that
+    work may still read or write them: the next block, on any thread, may be
+    given the same pinned buffer and refill it under the copy.
+    """
+    try:
+        stream.synchronize()
+    except Exception:  # noqa: BLE001 - a lost context: the error being raised says more
+        pass
+
+
 def pinned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """An uninitialised numpy array in pinned host memory (see :func:`pinned_staging`)."""
     dtype = np.dtype(dtype)

@@ -25,11 +25,18 @@ from zstd_walk_host import build_walk, run_walk  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def walk(tmp_path_factory):
-    """``walk(frames) -> [(stated size, frame length, deep code)]`` through the compiled kernel source."""
+def walk_exe(tmp_path_factory):
+    """The kernel source built for the host (with AddressSanitizer where the compiler has it)."""
     exe = build_walk(str(tmp_path_factory.mktemp("zstd_walk")))
     if exe is None:
         pytest.skip("no C++ compiler to build the kernel source for the host")
+    return exe
+
+
+@pytest.fixture(scope="module")
+def walk(walk_exe):
+    """``walk(frames) -> [(stated size, frame length, deep code)]`` through the compiled kernel source."""
+    exe = walk_exe
 
     def run(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int]]:
         return run_walk(exe, frames, mode)
@@ -275,6 +282,76 @@ def test_what_either_mode_rejects_libzstd_rejects_and_sequences_catch_more(walk)
             assert counts["literal stream not consumed exactly, libzstd decodes it: to the CPU"] <= len(cases) // 50
     assert caught["headers"] > 0.8 and caught["sequences"] > 0.97 and caught["sequences"] > caught["headers"]
     assert caught["literals"] >= caught["sequences"]
+
+
+def _block_walk_cases(seed: int, n: int) -> list[bytes]:
+    """Valid multi-block frames (repeat offsets and tables across blocks) and ``n`` damaged ones, some deep inside."""
+    rng = np.random.default_rng(seed)
+    base = []
+    for size in [1000, 65536, 300_000, 700_000]:
+        for make in _payloads(rng).values():
+            for level in (-1, 3, 19):
+                if size > 300_000 and level == 19:
+                    continue
+                base.append(numcodecs.Zstd(level=level).encode(make(size)))
+    cases = list(base)
+    for i in rng.integers(len(base), size=n):
+        b = bytearray(base[i])
+        if rng.integers(2):
+            cases.append(_mutate(rng, bytes(b)))
+            continue
+        for _ in range(rng.integers(1, 4)):  # bit flips anywhere: most land in the bit streams
+            j = rng.integers(len(b))
+            b[j] ^= 1 << rng.integers(8)
+        cases.append(bytes(b))
+    return cases
+
+
+@pytest.mark.parametrize("mode", [1, 2], ids=["sequences", "literals"])
+def test_block_walk_gives_the_one_thread_walks_verdicts(walk_exe, mode):
+    """The decoder's walk in modes 1 and 2 (a plan, a thread per block and stream, a combine per frame) against the
+    one-thread walk of the same source: the same stated sizes and lengths, the same frames rejected, the same reason
+    except where a block's offset reaches too far back (checked after the block, so a later fault in the same block
+    is named instead). With 2 block slots most frames overflow the plan and are walked whole by the combine."""
+    from gpuzarr_dist.codecs.kernels import zstd_block_slots
+
+    cases = _block_walk_cases(21, 1200)
+    one = run_walk(walk_exe, cases, mode)
+    for cap in (zstd_block_slots(700_000), 2):
+        par = run_walk(walk_exe, cases, mode, blocks=cap)
+        counts: collections.Counter = collections.Counter()
+        for frame, a, b in zip(cases, one, par):
+            assert a[:2] == b[:2] and (a[2] == 0) == (b[2] == 0), (cap, frame[:24].hex(), a, b)
+            assert a[2] == b[2] or a[2] == 19, (cap, frame[:24].hex(), a, b)
+            counts["ok" if a[2] == 0 else "offset, later fault named" if a[2] != b[2] else f"code {a[2]}"] += 1
+        print(cap, dict(counts))
+        assert counts["ok"] >= 40 and sum(counts.values()) - counts["ok"] > 250
+        assert counts["code 19"] >= 1 and counts["code 21"] > 10 and counts["code 18"] > 10  # offsets, streams
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", [1, 2], ids=["sequences", "literals"])
+def test_device_block_walk_is_the_host_builds(walk_exe, mode):
+    """The decoder's zstd walk on the GPU (``_zstd_walk``: plan, blocks, combine) answers as the host build does."""
+    import cupy
+
+    from gpuzarr_dist.codecs.gpu import _zstd_walk
+    from gpuzarr_dist.codecs.kernels import zstd_block_slots
+    from gpuzarr_dist.stores.base import staging_layout
+
+    cases = _block_walk_cases(22, 1500)
+    sizes = [len(f) for f in cases]
+    offsets, total = staging_layout(sizes, 256)
+    host = np.zeros(total, dtype=np.uint8)
+    for f, o in zip(cases, offsets):
+        host[o : o + len(f)] = np.frombuffer(f, dtype=np.uint8)
+    n = len(cases)
+    found = cupy.empty(3 * n, dtype=cupy.int64)
+    _zstd_walk(cupy.asarray(host), cupy.asarray(np.asarray(offsets, np.int64)), cupy.asarray(np.asarray(sizes, np.int64)),
+               n, found[:n], found[n : 2 * n], found[2 * n :].view(cupy.int32), mode, 700_000)
+    got = found.get()
+    device = list(zip(got[:n].tolist(), got[n : 2 * n].tolist(), got[2 * n :].view(np.int32)[:n].tolist()))
+    assert device == run_walk(walk_exe, cases, mode, blocks=zstd_block_slots(700_000))
 
 
 def _frame_with_compressed_block(rng: np.random.Generator) -> tuple[bytes, int, int]:

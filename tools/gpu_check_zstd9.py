@@ -3,7 +3,8 @@
 
 On 64 ERA5-like chunks (float32 721 x 1440, zstd level 0, ~3 MiB stored):
 times the device walk (``_zstd_frames``) in "headers", "sequences" and "literals" mode
-and one batched nvCOMP decode of the same chunks, checks the walk flags none
+(the block walk; also with other CUDA block sizes for its lanes, and the one-thread-per-frame
+walk of the same modes for comparison) and one batched nvCOMP decode of the same chunks, checks the walk flags none
 of them and that the batch decodes equal to numcodecs. Prints ms per batch;
 exits 1 on any failure::
 
@@ -75,6 +76,36 @@ def main() -> int:
                     _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
                 stream.synchronize()
                 times[mode] = (time.perf_counter() - t) / args.reps
+        import gpuzarr_dist.codecs.kernels as kernels
+        from gpuzarr_dist.codecs.gpu import _kernel, walk_launch
+
+        default = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED
+        for mode in ("sequences", "literals"):
+            for threads, shared in ((1, 0), (2, 2), (8, 0), (32, 0)):
+                kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED = threads, shared
+                with dask.config.set({"gpuzarr.gpu.zstd-check": mode}):
+                    _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
+                    stream.synchronize()
+                    t = time.perf_counter()
+                    for _ in range(args.reps):
+                        _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
+                    stream.synchronize()
+                    times[f"{mode} lanes x{threads}, {shared} shared"] = (time.perf_counter() - t) / args.reps
+            kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED = default
+            n = len(chunks)  # the one-thread-per-frame walk (zstd_frames) of the same mode, once
+            offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
+            lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
+            found = cupy.empty(3 * n, dtype=cupy.int64)
+            stream.synchronize()
+            t = time.perf_counter()
+            _kernel("zstd_frames", kernels.ZSTD_FRAMES_SRC)(*walk_launch(n), (
+                dev, offs, lens, np.int32(n), found[:n], found[n : 2 * n], found[2 * n :].view(cupy.int32),
+                np.int32(kernels.ZSTD_CHECK_MODES[mode])))
+            stream.synchronize()
+            times[f"{mode} one thread a frame"] = time.perf_counter() - t
+            if found[2 * n :].view(cupy.int32)[:n].any():
+                print(f"FAIL: the one-thread {mode} walk flags valid chunks")
+                failures += 1
         out = decode_batch_gpu(pipe, host, offsets, sizes, keys, stream)
         stream.synchronize()
         t = time.perf_counter()
@@ -90,7 +121,7 @@ def main() -> int:
     mib = sum(sizes) / 2**20
     print(f"{len(chunks)} chunks, {mib:.0f} MiB stored, {len(chunks) * expected / 2**20:.0f} MiB decoded")
     for mode, s in times.items():
-        print(f"  walk {mode:<10} {s * 1e3:8.2f} ms per batch")
+        print(f"  walk {mode:<30} {s * 1e3:8.2f} ms per batch")
     print(f"  decode_batch_gpu (default check) {decode * 1e3:8.2f} ms per batch "
           f"({len(chunks) * expected / decode / 1e9:.1f} GB/s)")
     print(f"  sequences walk / decode: {times['sequences'] / decode:.2f}x; literals walk / decode: "

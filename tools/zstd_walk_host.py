@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC  # noqa: E402
+from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES  # noqa: E402
 
 HARNESS = r"""
 #include <cstdio>
@@ -31,19 +31,38 @@ struct D { unsigned int x; };
 static D blockIdx, threadIdx, blockDim;
 #define __global__
 #define __device__ static
-""" + ZSTD_FRAMES_SRC + r"""
+#define __shared__ static
+#define SLOT_BYTES %d
+""" % ZSTD_SLOT_BYTES + ZSTD_FRAMES_SRC + r"""
 int main(int argc, char** argv) {
+    // argv[1]: the mode; argv[2]: 0 one thread per frame (zstd_frames), else the block walk
+    // (zstd_plan, zstd_blocks, zstd_combine) with that many block slots per frame
     unsigned int n;
-    int mode = argc > 1 ? atoi(argv[1]) : 0;
+    int mode = argc > 1 ? atoi(argv[1]) : 0, cap = argc > 2 ? atoi(argv[2]) : 0;
+    if (sizeof(gz_slot) != SLOT_BYTES) { fprintf(stderr, "sizeof(gz_slot) = %d\n", (int)sizeof(gz_slot)); return 3; }
     blockDim.x = 1; threadIdx.x = 0; blockIdx.x = 0;
+    gz_slot* slots = (gz_slot*)malloc(sizeof(gz_slot) * (cap ? cap : 1));
     while (fread(&n, 4, 1, stdin) == 1) {
         unsigned char* buf = (unsigned char*)malloc(n ? n : 1);
         if (n && fread(buf, 1, n, stdin) != n) return 2;
-        long long off = 0, size = n, fcs, len; int deep;
-        zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
+        long long off = 0, size = n, fcs, len; int deep, ns;
+        if (!cap) {
+            zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
+        } else {
+            int lanes = mode >= 2 ? 5 : 1;
+            blockIdx.x = 0;
+            zstd_plan(buf, &off, &size, 1, slots, cap, &ns, &fcs, &len, &deep);
+            for (unsigned int t = 0; t < (unsigned int)(cap * lanes); t++) {
+                blockIdx.x = t;
+                zstd_blocks(buf, &off, 1, slots, cap, &ns, mode, lanes);
+            }
+            blockIdx.x = 0;
+            zstd_combine(buf, &off, &size, 1, slots, cap, &ns, &fcs, &len, &deep, mode);
+        }
         printf("%lld %lld %d\n", fcs, len, deep);
         free(buf);
     }
+    free(slots);
     return 0;
 }
 """
@@ -74,10 +93,15 @@ def build_walk(folder: str, sanitize: bool = True, opt: str = "-O1") -> str | No
     raise RuntimeError(f"the zstd walk's kernel source does not compile as C++:\n{errors[-4000:]}")
 
 
-def run_walk(exe: str, frames: list[bytes], mode: int = 0, timeout: float = 300) -> list[tuple[int, int, int]]:
-    """``(stated size, frame length, deep code)`` of each frame, walked in ``mode`` (0 headers, 1 sequences, 2 literals)."""
+def run_walk(exe: str, frames: list[bytes], mode: int = 0, timeout: float = 300,
+             blocks: int = 0) -> list[tuple[int, int, int]]:
+    """``(stated size, frame length, deep code)`` of each frame, walked in ``mode`` (0 headers, 1 sequences, 2 literals).
+
+    ``blocks`` > 0: through the block walk (plan, blocks, combine) with that
+    many block slots per frame, as the decoder runs modes 1 and 2.
+    """
     payload = b"".join(struct.pack("<I", len(f)) + f for f in frames)
-    r = subprocess.run([exe, str(mode)], input=payload, capture_output=True, timeout=timeout)
+    r = subprocess.run([exe, str(mode), str(blocks)], input=payload, capture_output=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"the host walk failed ({r.returncode}): {r.stderr.decode(errors='replace')[-4000:]}")
     return [tuple(map(int, line.split())) for line in r.stdout.decode().splitlines()]

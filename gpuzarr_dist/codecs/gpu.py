@@ -162,17 +162,47 @@ def walk_launch(n: int) -> tuple[tuple[int], tuple[int]]:
     return ((n + t - 1) // t,), (t,)
 
 
-_kernels: dict[str, cupy.RawKernel] = {}
+_kernels: dict[tuple[str, ...], cupy.RawKernel] = {}
 _kernels_lock = threading.Lock()
 
 
-def _kernel(name: str, src: str) -> cupy.RawKernel:
-    """A checking kernel, compiled once per process and launched from any thread."""
-    kernel = _kernels.get(name)
+def _kernel(name: str, src: str, options: tuple[str, ...] = ()) -> cupy.RawKernel:
+    """A checking kernel, compiled once per process (and set of compiler ``options``) and launched from any thread."""
+    key = (name, *options)
+    kernel = _kernels.get(key)
     if kernel is None:
         with _kernels_lock:
-            kernel = _kernels.setdefault(name, cupy.RawKernel(src, name))
+            kernel = _kernels.setdefault(key, cupy.RawKernel(src, name, options=options))
     return kernel
+
+
+def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int, fcs: cupy.ndarray,
+               length: cupy.ndarray, deep: cupy.ndarray, mode: int, expected: int) -> None:
+    """Queue the zstd walk of ``n`` frames on the current stream: its verdicts land in ``fcs``, ``length``, ``deep``.
+
+    Mode 0 (headers) is one thread per frame. Modes 1 and 2 walk every
+    block's bit streams in a thread of its own (4 Huffman streams and the
+    sequences: five lanes a block in mode 2), between a plan and a combine
+    that run a thread per frame (see :data:`.kernels.ZSTD_FRAMES_SRC`):
+    same verdicts, a frame's blocks walked side by side instead of in turn.
+    """
+    from .kernels import ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_SLOT_BYTES, zstd_block_slots
+
+    if mode == 0:
+        _kernel("zstd_frames", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), fcs, length, deep,
+                                                                  np.int32(mode)))
+        return
+    cap = zstd_block_slots(expected)
+    lanes = 5 if mode >= 2 else 1
+    slots = cupy.empty(n * cap * ZSTD_SLOT_BYTES, dtype=cupy.uint8)
+    nslots = cupy.empty(n, dtype=cupy.int32)
+    _kernel("zstd_plan", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap), nslots,
+                                                            fcs, length, deep))
+    total, t = n * cap * lanes, ZSTD_BLOCK_THREADS
+    _kernel("zstd_blocks", ZSTD_FRAMES_SRC, (f"-DGZ_LANE_SHARED={ZSTD_LANE_SHARED}",))(
+        ((total + t - 1) // t,), (t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots, np.int32(mode), np.int32(lanes)))
+    _kernel("zstd_combine", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap),
+                                                               nslots, fcs, length, deep, np.int32(mode)))
 
 
 def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int],
@@ -193,15 +223,14 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
     (headers and tables, or every sequence too) is ``gpuzarr.gpu.zstd-check``.
     """
     from ..config import zstd_check
-    from .kernels import ZSTD_CHECK_MODES, ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
+    from .kernels import ZSTD_CHECK_MODES, ZSTD_DEEP_REASONS
 
     mode = ZSTD_CHECK_MODES[zstd_check()]
     n = len(offsets)
     offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
     lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))
     found = cupy.empty(3 * n, dtype=cupy.int64)  # stated sizes, lengths, walk codes (int32): one copy back
-    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), found[:n], found[n : 2 * n],
-                                                              found[2 * n :].view(cupy.int32), np.int32(mode)))
+    _zstd_walk(dev, offs, lens, n, found[:n], found[n : 2 * n], found[2 * n :].view(cupy.int32), mode, expected)
     found = found.get()
     fcs, length, deep = found[:n], found[n : 2 * n], found[2 * n :].view(np.int32)[:n]
     verdicts = host_checks.zstd_verdicts(fcs, length, deep, sizes, expected)  # numpy over all frames

@@ -37,23 +37,58 @@ ZSTD_DEEP_REASONS: dict[int, str] = {
     22: "zstd Huffman literal stream is not consumed exactly (decoders disagree on such streams)",
 }
 
+#: bytes of :data:`ZSTD_FRAMES_SRC`'s ``gz_slot`` (one block of a frame in the parallel walk); a test checks it
+ZSTD_SLOT_BYTES = 232
+
+#: threads per CUDA block of the block walk's lanes (``zstd_blocks``), and how many of them keep their
+#: tables in shared memory (about 9.5 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory
+ZSTD_BLOCK_THREADS = 1
+ZSTD_LANE_SHARED = 1
+
+
+def zstd_block_slots(expected: int) -> int:
+    """Block slots per frame in the block walk: twice the blocks a frame of ``expected`` bytes needs, and 4.
+
+    A frame with more blocks (a window under 128 KiB, tiny blocks) is walked
+    whole by one thread in ``zstd_combine`` instead, with the same verdict.
+    """
+    return 2 * (-(-max(expected, 1) // 131072)) + 4
+
+
 #: ``gpuzarr.gpu.zstd-check`` values -> the ``mode`` argument of :data:`ZSTD_FRAMES_SRC`'s ``zstd_frames``
 ZSTD_CHECK_MODES: dict[str, int] = {"headers": 0, "sequences": 1, "literals": 2}
 
 ZSTD_FRAMES_SRC = r"""
 // RFC 8878 section numbers in the comments. Everything a frame's blocks carry to the next block
 // (Huffman and FSE tables for "treeless" and "repeat" modes, repeat offsets, bytes regenerated).
-struct gz_fse { unsigned short base; unsigned char sym, nb; };
+// An FSE decoding table entry: the next state is base + the next nb bits. ``val`` is the symbol; in the
+// sequence tables (after gz_seq_finish) it is the symbol's base value, with ``add`` extra bits to read.
+struct gz_fse { unsigned int val; unsigned short base; unsigned char nb, add; };
 
 struct gz_zstate {
     int lit_table, seq_table;  // a Huffman table / sequence tables were defined earlier in the frame
     int al[3];                 // accuracy logs of the literal length, offset, match length tables
-    long long rep[3];          // repeat offsets (3.1.2.5)
+    long long rep[3];          // repeat offsets (3.1.2.5); in a block walk, relative to rs (below)
     long long out;             // bytes the frame regenerated before this block (sequences mode)
     gz_fse ll[512], of[256], ml[512];
     int huf_bits;              // literals mode: the Huffman table's maximum code length (0: none built)
     unsigned short huf[2048];  // literals mode: decoding table, (symbol << 4) | code length, by the next huf_bits bits
+    // The descriptions in force (offsets from the frame's start), kept up to date by every walk so that the
+    // plan (zstd_plan) can hand each block its tables: the last Huffman tree description and, per sequence
+    // table, its mode (0 predefined, 1 RLE, 2 FSE; -1 none yet) and description.
+    const unsigned char* frame;
+    long long huf_at, huf_len, tab_at[3], tab_len[3];
+    int tab_mode[3];
+    // A block walk (zstd_blocks) starts without the earlier blocks' state: ``lazy`` builds a repeated or
+    // treeless table from the description in force when the block first needs it, ``rs[k]`` >= 0 says
+    // rep[k] is relative to the block's initial repeat offset rs[k], and with ``known_out`` 0 the offsets
+    // the block uses are recorded (need_c, need, minv, relative to the block's start) for zstd_combine.
+    int lazy, built[3], known_out, lane;  // lane: -1 the whole block; 0-3 one Huffman stream; 4 the sequences
+    int rs[3];
+    long long need_c, need[3], minv[3];
 };
+
+#define GZ_NONE (-(1LL << 62))
 
 __device__ int gz_highbit(unsigned long long v) { int b = 0; while (v >> (b + 1)) b++; return b; }
 
@@ -78,6 +113,34 @@ __device__ unsigned long long gz_back_bits(const unsigned char* q, long long* po
     for (int k = 0; k < need; k++) v |= (unsigned long long)q[byte + k] << (8 * k);
     v = (v >> sh) & ((1ULL << (top - first)) - 1);
     return v << (first - start);
+}
+
+// A backward bit stream (4.1) read through a 64-bit window: one refill of up to 8 bytes serves several
+// reads, where gz_back_bits loads every byte it needs each time. Same values, same positions.
+struct gz_bits { const unsigned char* q; long long pos, wlo; unsigned long long win; };
+
+__device__ void gz_bits_init(gz_bits* b, const unsigned char* q, long long pos) {
+    b->q = q; b->pos = pos; b->wlo = pos + 1; b->win = 0;
+}
+
+__device__ unsigned int gz_bits_peek(gz_bits* b, int n) {
+    // the n <= 32 bits below b->pos, zeros below the stream's start
+    long long pos = b->pos, lo = pos - n;
+    if (n <= 0 || pos <= 0) return 0;
+    if (lo < b->wlo && b->wlo > 0) {  // refill: the 8 bytes ending with the one that holds bit pos - 1
+        long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
+        unsigned long long w = 0;
+        for (long long k = top; k >= sb; k--) w = (w << 8) | b->q[k];
+        b->win = w; b->wlo = 8 * sb;
+    }
+    if (lo >= b->wlo) return (unsigned int)((b->win >> (lo - b->wlo)) & ((1ULL << n) - 1));
+    return (unsigned int)((b->win & ((1ULL << pos) - 1)) << (-lo));  // wlo == 0 and pos < n
+}
+
+__device__ unsigned int gz_bits_read(gz_bits* b, int n) {
+    unsigned int v = gz_bits_peek(b, n);
+    if (n > 0) b->pos -= n;
+    return v;
 }
 
 __device__ long long gz_ncount(const unsigned char* q, long long avail, int maxs, int maxal, short* norm,
@@ -120,17 +183,17 @@ __device__ void gz_fse_build(const short* norm, int nsym, int al, gz_fse* t) {
     unsigned short next[256];
     int size = 1 << al, high = size - 1;
     for (int s = 0; s < nsym; s++) {
-        if (norm[s] == -1) { t[high--].sym = (unsigned char)s; next[s] = 1; }
+        if (norm[s] == -1) { t[high--].val = (unsigned int)s; next[s] = 1; }
         else next[s] = (unsigned short)(norm[s] > 0 ? norm[s] : 0);
     }
     int step = (size >> 1) + (size >> 3) + 3, pos = 0;
     for (int s = 0; s < nsym; s++)
         for (int k = 0; k < norm[s]; k++) {
-            t[pos].sym = (unsigned char)s;
+            t[pos].val = (unsigned int)s;
             do pos = (pos + step) & (size - 1); while (pos > high);
         }
     for (int u = 0; u < size; u++) {
-        unsigned int ns = next[t[u].sym]++;
+        unsigned int ns = next[t[u].val]++;
         int nb = al - gz_highbit(ns);
         t[u].nb = (unsigned char)nb;
         t[u].base = (unsigned short)((ns << nb) - size);
@@ -168,13 +231,13 @@ __device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* u
         int s1 = (int)gz_back_bits(bs, &pos, al), s2 = (int)gz_back_bits(bs, &pos, al);
         while (1) {
             if (n > 253) return 7;
-            w[n++] = t[s1].sym;
+            w[n++] = (unsigned char)t[s1].val;
             s1 = t[s1].base + (int)gz_back_bits(bs, &pos, t[s1].nb);
-            if (pos < 0) { w[n++] = t[s2].sym; break; }
+            if (pos < 0) { w[n++] = (unsigned char)t[s2].val; break; }
             if (n > 253) return 7;
-            w[n++] = t[s2].sym;
+            w[n++] = (unsigned char)t[s2].val;
             s2 = t[s2].base + (int)gz_back_bits(bs, &pos, t[s2].nb);
-            if (pos < 0) { w[n++] = t[s1].sym; break; }
+            if (pos < 0) { w[n++] = (unsigned char)t[s1].val; break; }
         }
         *used = 1 + cs;
     }
@@ -214,19 +277,32 @@ __device__ int gz_huf_stream(const unsigned char* bs, long long bl, long long co
     if (bl < 1 || bs[bl - 1] == 0) return 15;
     long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
     int mb = st->huf_bits;
-    for (long long k = 0; k < count; k++) {
-        // the next mb bits below pos (zeros below the stream's start), at most 3 bytes
-        long long lo = pos - mb;
-        unsigned int v = 0;
-        long long b0 = (lo < 0 ? 0 : lo) >> 3, b1 = (pos - 1) >> 3;
-        if (pos > 0)
-            for (long long b = b1; b >= b0; b--) v = (v << 8) | bs[b];
-        unsigned int peek;
-        if (pos <= 0) peek = 0;
-        else if (lo >= 0) peek = (v >> (lo - 8 * b0)) & ((1u << mb) - 1);
-        else peek = (v & ((1u << pos) - 1)) << (-lo);
-        pos -= st->huf[peek] & 15;
-        if (pos < 0) return 22;
+    const unsigned short* tab = st->huf;
+    // A window of the bits [wlo, pos) left-aligned in 64 bits: each literal is the window's top mb bits,
+    // shifted out by its code length, zeros shifting in (below the stream's start, where wlo is 0). pos only
+    // decreases, so reading past the start anywhere leaves it negative at the end: one check suffices.
+    long long k = 0;
+    while (k < count) {
+        if (pos <= 0) return 22;  // literals left and no bits
+        long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
+        unsigned long long w = 0;
+        for (long long j = top; j >= sb; j--) w = (w << 8) | bs[j];
+        int have = (int)(pos - 8 * sb);  // bits of the window below pos (1 to 64)
+        if (have < 64) w <<= 64 - have;
+        int used = 0;
+        if (sb > 0) {  // more bytes below: decode while the window holds a whole peek
+            while (k < count && have - used >= mb) {
+                int n = tab[(unsigned int)(w >> (64 - mb))] & 15;
+                w <<= n; used += n; k++;
+            }
+        } else {  // the stream's first bytes: zeros below them, no refill left
+            while (k < count && used <= have) {
+                int n = tab[(unsigned int)(w >> (64 - mb))] & 15;
+                w <<= n; used += n; k++;
+            }
+            if (k < count) return 22;  // read past the start with literals left
+        }
+        pos -= used;
     }
     return pos == 0 ? 0 : 22;
 }
@@ -250,10 +326,21 @@ __device__ const unsigned char gz_ml_bits[53] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0
                                                  0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 7,
                                                  8, 9, 10, 11, 12, 13, 14, 15, 16};
 
-__device__ int gz_seq_table(const unsigned char* q, long long avail, int mode, int kind, int build,
+__device__ void gz_seq_finish(gz_fse* t, int size, int kind) {
+    // 3.1.1.3.2.1.1: a sequence table's symbols (codes) become their base values and extra bit counts
+    for (int u = 0; u < size; u++) {
+        unsigned int c = t[u].val;
+        if (kind == 1) { t[u].add = (unsigned char)c; t[u].val = 1u << c; }
+        else if (kind == 0) { t[u].add = gz_ll_bits[c]; t[u].val = (unsigned int)gz_ll_base[c]; }
+        else { t[u].add = gz_ml_bits[c]; t[u].val = (unsigned int)gz_ml_base[c]; }
+    }
+}
+
+__device__ int gz_seq_build(const unsigned char* q, long long avail, int mode, int kind, int build,
                             gz_zstate* st, long long* used) {
-    // 3.1.1.3.2.2: one sequence table description (kind 0 literal lengths, 1 offsets, 2 match lengths).
-    // Returns 0 or a ZSTD_DEEP_REASONS code; builds the decoding table when ``build``.
+    // 3.1.1.3.2.2: one sequence table description (kind 0 literal lengths, 1 offsets, 2 match lengths) in
+    // mode 0 (predefined), 1 (RLE) or 2 (FSE). Returns 0 or a ZSTD_DEEP_REASONS code; builds the decoding
+    // table when ``build``.
     const int maxs = kind == 0 ? 35 : (kind == 1 ? 31 : 52), maxal = kind == 1 ? 8 : 9;
     gz_fse* t = kind == 0 ? st->ll : (kind == 1 ? st->of : st->ml);
     *used = 0;
@@ -262,24 +349,46 @@ __device__ int gz_seq_table(const unsigned char* q, long long avail, int mode, i
             const short* d = kind == 0 ? gz_ll_def : (kind == 1 ? gz_of_def : gz_ml_def);
             int al = kind == 1 ? 5 : 6;
             gz_fse_build(d, kind == 0 ? 36 : (kind == 1 ? 29 : 53), al, t);
+            gz_seq_finish(t, 1 << al, kind);
             st->al[kind] = al;
         }
     } else if (mode == 1) {  // RLE: one symbol
         if (avail < 1) return 8;
         if (q[0] > maxs) return 16;
-        t[0].sym = q[0]; t[0].nb = 0; t[0].base = 0;
+        t[0].val = q[0]; t[0].nb = 0; t[0].base = 0;
+        gz_seq_finish(t, 1, kind);
         st->al[kind] = 0;
         *used = 1;
-    } else if (mode == 2) {  // FSE-compressed table description
+    } else {  // FSE-compressed table description
         short norm[64];
         int al, nsym;
         long long nc = gz_ncount(q, avail, maxs, maxal, norm, &al, &nsym);
         if (nc < 0) return 16;
-        if (build) { gz_fse_build(norm, nsym, al, t); st->al[kind] = al; }
+        if (build) { gz_fse_build(norm, nsym, al, t); gz_seq_finish(t, 1 << al, kind); st->al[kind] = al; }
         *used = nc;
-    } else if (!st->seq_table) {  // repeat
-        return 11;
     }
+    return 0;
+}
+
+__device__ int gz_seq_table(const unsigned char* q, long long avail, int mode, int kind, int build,
+                            gz_zstate* st, long long* used) {
+    // A sequence table in any mode: gz_seq_build's, and mode 3 (repeat the table in force). Keeps the
+    // description in force up to date; a block walk builds a repeated table from it (st->lazy).
+    *used = 0;
+    if (mode == 3) {
+        if (!st->seq_table) return 11;
+        if (build && st->lazy && !st->built[kind]) {
+            long long u;
+            if (gz_seq_build(st->frame + st->tab_at[kind], st->tab_len[kind], st->tab_mode[kind], kind, 1, st, &u))
+                return 16;
+            st->built[kind] = 1;
+        }
+        return 0;
+    }
+    int bad = gz_seq_build(q, avail, mode, kind, build, st, used);
+    if (bad) return bad;
+    st->tab_mode[kind] = mode; st->tab_at[kind] = q - st->frame; st->tab_len[kind] = avail;
+    st->built[kind] = build;
     return 0;
 }
 
@@ -288,44 +397,58 @@ __device__ int gz_sequences(const unsigned char* bs, long long bl, long long nse
     // 3.1.1.3.2.2 - 3.1.1.4: decode every sequence's codes and extra bits (no output is written) and check
     // that literal lengths stay within the block's literals, offsets within the bytes the frame has
     // regenerated, the block within its maximum, and that the bit stream is consumed exactly.
-    long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
-    int sll = (int)gz_back_bits(bs, &pos, st->al[0]);
-    int sof = (int)gz_back_bits(bs, &pos, st->al[1]);
-    int sml = (int)gz_back_bits(bs, &pos, st->al[2]);
+    gz_bits b;
+    gz_bits_init(&b, bs, 8 * (bl - 1) + gz_highbit(bs[bl - 1]));
+    int sll = (int)gz_bits_read(&b, st->al[0]);
+    int sof = (int)gz_bits_read(&b, st->al[1]);
+    int sml = (int)gz_bits_read(&b, st->al[2]);
     long long litleft = lit, bout = 0;
     for (long long k = 0; k < nseq; k++) {
-        if (pos < 0) return 21;
-        int ofc = st->of[sof].sym, llc = st->ll[sll].sym, mlc = st->ml[sml].sym;
-        long long ofv = (1LL << ofc) + (long long)gz_back_bits(bs, &pos, ofc);
-        long long mlv = gz_ml_base[mlc] + (long long)gz_back_bits(bs, &pos, gz_ml_bits[mlc]);
-        long long llv = gz_ll_base[llc] + (long long)gz_back_bits(bs, &pos, gz_ll_bits[llc]);
-        long long off;
+        if (b.pos < 0) return 21;
+        const gz_fse eo = st->of[sof], el = st->ll[sll], em = st->ml[sml];
+        long long ofv = (long long)eo.val + (long long)gz_bits_read(&b, eo.add);
+        unsigned int x = gz_bits_read(&b, em.add + el.add);  // match length extra bits, then literal length's
+        long long mlv = (long long)em.val + (long long)(el.add ? x >> el.add : x);
+        long long llv = (long long)el.val + (long long)(x & ((1u << el.add) - 1));
+        long long off;  // the offset, relative to the block's initial repeat offset os (-1: absolute)
+        int os;
         if (ofv > 3) {
-            off = ofv - 3;
+            off = ofv - 3; os = -1;
             st->rep[2] = st->rep[1]; st->rep[1] = st->rep[0]; st->rep[0] = off;
+            st->rs[2] = st->rs[1]; st->rs[1] = st->rs[0]; st->rs[0] = -1;
         } else {
             int idx = (int)ofv - 1 + (llv == 0);
-            if (idx == 0) off = st->rep[0];
+            if (idx == 0) { off = st->rep[0]; os = st->rs[0]; }
             else {
                 off = idx == 3 ? st->rep[0] - 1 : st->rep[idx];
-                if (idx != 1) st->rep[2] = st->rep[1];
-                st->rep[1] = st->rep[0];
-                st->rep[0] = off;
+                os = idx == 3 ? st->rs[0] : st->rs[idx];
+                if (idx != 1) { st->rep[2] = st->rep[1]; st->rs[2] = st->rs[1]; }
+                st->rep[1] = st->rep[0]; st->rs[1] = st->rs[0];
+                st->rep[0] = off; st->rs[0] = os;
             }
         }
         if (llv > litleft) return 18;
         litleft -= llv;
         bout += llv;
-        if (off <= 0 || off > st->out + bout) return 19;
+        if (os < 0 && st->known_out) {
+            if (off <= 0 || off > st->out + bout) return 19;
+        } else if (os < 0) {  // a block walk: off <= (bytes before the block) + bout, checked by zstd_combine
+            if (off <= 0) return 19;
+            if (off - bout > st->need_c) st->need_c = off - bout;
+        } else {  // R[os] + off must be > 0 and <= (bytes before the block) + bout
+            if (off - bout > st->need[os]) st->need[os] = off - bout;
+            if (off < st->minv[os]) st->minv[os] = off;
+        }
         bout += mlv;
         if (bout > bmax) return 20;
-        if (k + 1 < nseq) {  // state updates: literal lengths, match lengths, offsets
-            sll = st->ll[sll].base + (int)gz_back_bits(bs, &pos, st->ll[sll].nb);
-            sml = st->ml[sml].base + (int)gz_back_bits(bs, &pos, st->ml[sml].nb);
-            sof = st->of[sof].base + (int)gz_back_bits(bs, &pos, st->of[sof].nb);
+        if (k + 1 < nseq) {  // state updates: literal lengths, match lengths, offsets, in one read
+            unsigned int u = gz_bits_read(&b, el.nb + em.nb + eo.nb);
+            sof = eo.base + (int)(u & ((1u << eo.nb) - 1));
+            sml = em.base + (int)((u >> eo.nb) & ((1u << em.nb) - 1));
+            sll = el.base + (int)(u >> (eo.nb + em.nb));
         }
     }
-    if (pos != 0) return 21;
+    if (b.pos != 0) return 21;
     *regenerated = bout + litleft;
     return 0;
 }
@@ -333,9 +456,12 @@ __device__ int gz_sequences(const unsigned char* bs, long long bl, long long nse
 __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, long long bmax, int mode,
                                      gz_zstate* st, long long* lo, long long* hi) {
     // 3.1.1.3: a compressed block's literals section (header, Huffman tree description, stream sizes and
-    // end markers) and sequences section (header, table descriptions, bit stream end marker; with
-    // mode 1 the sequences themselves). Returns 0 when consistent, else a ZSTD_DEEP_REASONS code.
+    // end markers; with mode 2 every literal) and sequences section (header, table descriptions, bit stream
+    // end marker; with mode >= 1 the sequences themselves). Returns 0 when consistent, else a
+    // ZSTD_DEEP_REASONS code. A block walk's lane 0-3 checks the literals section and its own Huffman
+    // stream only, lane 4 everything but the Huffman streams.
     if (bsize < 2) return 3;
+    int lane = st->lane, walk_lits = mode >= 2 && lane != 4;
     unsigned int b0 = q[0];
     int ltype = b0 & 3, sf = (b0 >> 2) & 3;
     long long lh, lit, lcs;
@@ -345,6 +471,7 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
         else { lh = 1; lit = b0 >> 3; }
         lcs = ltype == 0 ? lit : 1;
         if (lh + lcs > bsize) return 4;
+        if (lit > bmax) return 5;
     } else {  // Huffman-coded literals (2: with a tree description, 3: treeless)
         lh = sf < 2 ? 3 : sf + 2;
         if (lh > bsize) return 4;
@@ -360,10 +487,14 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
         long long tree = 0;
         if (ltype == 2) {
             if (lcs < 1) return 7;
-            int bad = gz_huf_tree(q + lh, lcs, &tree, mode >= 2 ? st : 0);
+            int bad = gz_huf_tree(q + lh, lcs, &tree, walk_lits ? st : 0);
             if (bad) return bad;
             if (tree >= lcs) return 7;
             st->lit_table = 1;
+            st->huf_at = q + lh - st->frame; st->huf_len = lcs;
+        } else if (walk_lits && st->lazy && !st->huf_bits) {  // a block walk: the tree in force
+            long long u;
+            if (gz_huf_tree(st->frame + st->huf_at, st->huf_len, &u, st)) return 7;
         }
         long long rest = lcs - tree;
         const unsigned char* hs = q + lh + tree;
@@ -372,24 +503,27 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
             long long s1 = hs[0] | (hs[1] << 8), s2 = hs[2] | (hs[3] << 8), s3 = hs[4] | (hs[5] << 8);
             if (s1 < 1 || s2 < 1 || s3 < 1 || s1 + s2 + s3 + 6 >= rest) return 7;
             if (!hs[5 + s1] || !hs[5 + s1 + s2] || !hs[5 + s1 + s2 + s3] || !hs[rest - 1]) return 15;
-            if (mode >= 2 && st->huf_bits) {  // 4.2.2: each of the four streams regenerates its share exactly
+            if (lit > bmax) return 5;
+            if (walk_lits && st->huf_bits) {  // 4.2.2: each of the four streams regenerates its share exactly
                 long long per = (lit + 3) / 4, s4 = rest - 6 - s1 - s2 - s3;
-                int bad = gz_huf_stream(hs + 6, s1, per, st);
-                if (!bad) bad = gz_huf_stream(hs + 6 + s1, s2, per, st);
-                if (!bad) bad = gz_huf_stream(hs + 6 + s1 + s2, s3, per, st);
-                if (!bad) bad = gz_huf_stream(hs + 6 + s1 + s2 + s3, s4, lit - 3 * per, st);
+                int bad = 0;
+                if (lane <= 0) bad = gz_huf_stream(hs + 6, s1, per, st);
+                if (!bad && (lane < 0 || lane == 1)) bad = gz_huf_stream(hs + 6 + s1, s2, per, st);
+                if (!bad && (lane < 0 || lane == 2)) bad = gz_huf_stream(hs + 6 + s1 + s2, s3, per, st);
+                if (!bad && (lane < 0 || lane == 3)) bad = gz_huf_stream(hs + 6 + s1 + s2 + s3, s4, lit - 3 * per, st);
                 if (bad) return bad;
             }
         } else {
             if (rest < 1) return 7;
             if (!hs[rest - 1]) return 15;
-            if (mode >= 2 && st->huf_bits) {
+            if (lit > bmax) return 5;
+            if (walk_lits && st->huf_bits && lane <= 0) {
                 int bad = gz_huf_stream(hs, rest, lit, st);
                 if (bad) return bad;
             }
         }
     }
-    if (lit > bmax) return 5;
+    if (lane >= 0 && lane < 4) return 0;  // a literal stream's lane is done
     long long pos = lh + lcs;
     if (pos >= bsize) return 8;
     unsigned int s0 = q[pos++];
@@ -425,19 +559,52 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
     return 0;
 }
 
-extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
-                                       int n, long long* fcs_out, long long* len_out, int* deep_out, int mode) {
-    // One thread reads one zstd frame's header (RFC 8878 3.1.1) and walks its blocks.
+#ifndef GZ_LANE_SHARED
+#define GZ_LANE_SHARED 1  // zstd_blocks: threads of a CUDA block whose walk state is in shared memory
+#endif
+
+// A block of a frame, as the plan (zstd_plan) hands it to the block walks (zstd_blocks) and they to the
+// frame's combine (zstd_combine); 64-bit fields first so that the layout has no padding (GZ_SLOT_BYTES).
+struct gz_slot {
+    long long at, size, bmax;           // the block's content (offset from the frame's start), its block maximum
+    long long known;                    // bytes a raw or RLE block regenerates; -1: a compressed block, walked
+    long long huf_at, huf_len;          // the Huffman tree description in force before the block
+    long long tab_at[3], tab_len[3];    // the sequence table descriptions in force before the block
+    long long regen;                    // out: bytes the block regenerates
+    long long need_c, need[3], minv[3]; // out: the offsets it uses (gz_zstate)
+    long long rv[3];                    // out: its last repeat offsets, relative to rs
+    int tab_mode[3];
+    int code[5];                        // out: each lane's verdict (0 or a ZSTD_DEEP_REASONS code)
+    int rs[3];
+    int lit_table;
+};
+
+__device__ void gz_state_init(gz_zstate* st, const unsigned char* frame) {
+    st->lit_table = 0; st->seq_table = 0; st->out = 0; st->huf_bits = 0;
+    st->rep[0] = 1; st->rep[1] = 4; st->rep[2] = 8;
+    st->rs[0] = st->rs[1] = st->rs[2] = -1;
+    st->al[0] = st->al[1] = st->al[2] = 0;
+    st->frame = frame; st->huf_at = -1; st->huf_len = 0;
+    for (int k = 0; k < 3; k++) {
+        st->tab_at[k] = -1; st->tab_len[k] = 0; st->tab_mode[k] = -1; st->built[k] = 0;
+        st->need[k] = GZ_NONE; st->minv[k] = -GZ_NONE;
+    }
+    st->need_c = GZ_NONE;
+    st->lazy = 0; st->known_out = 1; st->lane = -1;
+}
+
+__device__ void gz_frame_walk(const unsigned char* p, long long len, int mode, gz_slot* slots, int cap,
+                              long long* fcs_out, long long* len_out, int* deep_out, int* nslots) {
+    // A zstd frame's header (RFC 8878 3.1.1) and its blocks, in order, by one thread.
     // fcs_out: the decoded size the frame states (-1 none, -2 not zstd, -3 header cut).
     // len_out: the bytes the frame spans (-4 reserved block type).
     // deep_out: 0, or why the blocks are structurally impossible (ZSTD_DEEP_REASONS).
     // mode: 0 checks block headers, literals and sequences headers, tables and stream end markers;
     // 1 also decodes every sequence; 2 also decodes every Huffman-coded literal (ZSTD_CHECK_MODES).
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const unsigned char* p = src + offs[i];
-    long long len = sizes[i];
-    fcs_out[i] = -2; len_out[i] = -1; deep_out[i] = 0;
+    // With ``slots`` (the plan): mode 0's checks, and every block up to the first bad one recorded for
+    // zstd_blocks; *nslots is their number, -1 past ``cap`` blocks, -2 where there is nothing to combine.
+    *fcs_out = -2; *len_out = -1; *deep_out = 0;
+    if (slots) { *nslots = -2; mode = 0; }
     if (len < 6) return;
     unsigned int magic = p[0] | (p[1] << 8) | (p[2] << 16) | ((unsigned int)p[3] << 24);
     if (magic != 0xFD2FB528u) return;
@@ -452,7 +619,7 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
         window = base + (base / 8) * (wd & 7);
         pos = 6;
     }
-    if (pos + dsz + fsz > len) { fcs_out[i] = -3; return; }
+    if (pos + dsz + fsz > len) { *fcs_out = -3; return; }
     unsigned long long dict = 0;
     for (int k = 0; k < dsz; k++) dict |= ((unsigned long long)p[pos + k]) << (8 * k);
     pos += dsz;
@@ -462,34 +629,132 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
         for (int k = 0; k < fsz; k++) fcs |= ((long long)p[pos + k]) << (8 * k);
         if (fsz == 2) fcs += 256;
     }
-    fcs_out[i] = fcs;
+    *fcs_out = fcs;
     pos += fsz;
     int deep = (desc & 8) ? 14 : (dict ? 1 : 0);
     long long wsize = single ? fcs : window;
     long long bmax = (wsize >= 0 && wsize < 131072) ? wsize : 131072;
     long long lo = 0, hi = 0;
+    int ns = 0;
     gz_zstate st;
-    st.lit_table = 0; st.seq_table = 0; st.out = 0; st.huf_bits = 0;
-    st.rep[0] = 1; st.rep[1] = 4; st.rep[2] = 8;
-    st.al[0] = st.al[1] = st.al[2] = 0;
+    gz_state_init(&st, p);
     while (1) {
-        if (pos + 3 > len) { len_out[i] = pos + 3; break; }
+        if (pos + 3 > len) { *len_out = pos + 3; break; }
         unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
         pos += 3;
         unsigned int kind = (h >> 1) & 3;
         long long bsize = h >> 3;
-        if (kind == 3) { len_out[i] = -4; return; }
+        if (kind == 3) { *len_out = -4; return; }
         long long end = pos + (kind == 1 ? 1 : bsize);
         if (!deep) {
+            gz_slot* s = 0;
+            if (slots && (kind < 2 || end <= len) && bsize <= bmax) {
+                if (ns == cap) ns = -1;  // too many blocks: zstd_combine walks this frame itself
+                if (ns >= 0) {
+                    s = slots + ns++;
+                    s->at = pos; s->size = bsize; s->bmax = bmax; s->known = kind < 2 ? bsize : -1;
+                    s->huf_at = st.huf_at; s->huf_len = st.huf_len; s->lit_table = st.lit_table;
+                    for (int k = 0; k < 3; k++) { s->tab_at[k] = st.tab_at[k]; s->tab_len[k] = st.tab_len[k]; s->tab_mode[k] = st.tab_mode[k]; }
+                    for (int k = 0; k < 5; k++) s->code[k] = 0;
+                }
+            }
             if (bsize > bmax) deep = 2;
             else if (kind < 2) { lo += bsize; hi += bsize; st.out += bsize; }
             else if (end <= len) deep = zstd_compressed_block(p + pos, bsize, bmax, mode, &st, &lo, &hi);
+            // the plan stops at the first bad block, which keeps its slot: its lanes may find an earlier fault
         }
         pos = end;
-        if (h & 1) { len_out[i] = pos + 4 * cks; break; }
+        if (h & 1) { *len_out = pos + 4 * cks; break; }
     }
-    if (!deep && fcs >= 0 && len_out[i] <= len && (lo > fcs || hi < fcs)) deep = 12;
-    deep_out[i] = deep;
+    if (slots) { *nslots = ns; *deep_out = deep; return; }  // zstd_combine checks the frame's size
+    if (!deep && fcs >= 0 && *len_out <= len && (lo > fcs || hi < fcs)) deep = 12;
+    *deep_out = deep;
+}
+
+extern "C" __global__ void zstd_frames(const unsigned char* src, const long long* offs, const long long* sizes,
+                                       int n, long long* fcs_out, long long* len_out, int* deep_out, int mode) {
+    // One thread walks one zstd frame (gz_frame_walk), all its blocks in order.
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    gz_frame_walk(src + offs[i], sizes[i], mode, 0, 0, fcs_out + i, len_out + i, deep_out + i, 0);
+}
+
+// The same verdicts as zstd_frames in mode 1 or 2, with the sequences and literals of every block walked by
+// threads of their own: zstd_plan (a thread per frame: headers, tables, the block list), zstd_blocks (a
+// thread per block and lane: the bit streams), zstd_combine (a thread per frame: the blocks' verdicts in
+// order, offsets against the bytes before each block, the frame's size). The same stream runs all three.
+extern "C" __global__ void zstd_plan(const unsigned char* src, const long long* offs, const long long* sizes, int n,
+                                     gz_slot* slots, int cap, int* nslots, long long* fcs_out, long long* len_out,
+                                     int* deep_out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    gz_frame_walk(src + offs[i], sizes[i], 0, slots + (long long)i * cap, cap, fcs_out + i, len_out + i,
+                  deep_out + i, nslots + i);
+}
+
+extern "C" __global__ void zstd_blocks(const unsigned char* src, const long long* offs, int n, gz_slot* slots,
+                                       int cap, const int* nslots, int mode, int lanes) {
+    // ``lanes`` 5: lanes 0-3 walk the Huffman streams (mode 2), lane 4 the sequences; 1: lane 4 only.
+    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long j = t / lanes;
+    int lane = lanes == 1 ? 4 : (int)(t % lanes);
+    int i = (int)(j / cap), k = (int)(j % cap);
+    if (i >= n || k >= nslots[i]) return;
+    gz_slot* s = slots + j;
+    if (s->known >= 0) return;
+    // The walk's tables are looked up once per literal and three times per sequence: the first
+    // GZ_LANE_SHARED threads of a CUDA block keep their state in shared memory, the others in local memory.
+#if GZ_LANE_SHARED > 0
+    __shared__ gz_zstate shared_st[GZ_LANE_SHARED];
+    gz_zstate local_st;
+    gz_zstate* st = threadIdx.x < GZ_LANE_SHARED ? shared_st + threadIdx.x : &local_st;
+#else
+    gz_zstate local_st;
+    gz_zstate* st = &local_st;
+#endif
+    gz_state_init(st, src + offs[i]);
+    st->lazy = 1; st->known_out = 0; st->lane = lane;
+    st->lit_table = s->lit_table; st->seq_table = s->tab_mode[0] >= 0;
+    st->rep[0] = st->rep[1] = st->rep[2] = 0;
+    st->rs[0] = 0; st->rs[1] = 1; st->rs[2] = 2;
+    st->huf_at = s->huf_at; st->huf_len = s->huf_len;
+    for (int q = 0; q < 3; q++) { st->tab_at[q] = s->tab_at[q]; st->tab_len[q] = s->tab_len[q]; st->tab_mode[q] = s->tab_mode[q]; }
+    long long lo = 0, hi = 0;
+    int code = zstd_compressed_block(st->frame + s->at, s->size, s->bmax, mode, st, &lo, &hi);
+    s->code[lane] = code;
+    if (lane != 4) return;
+    s->regen = lo; s->need_c = st->need_c;
+    for (int q = 0; q < 3; q++) { s->need[q] = st->need[q]; s->minv[q] = st->minv[q]; s->rv[q] = st->rep[q]; s->rs[q] = st->rs[q]; }
+}
+
+extern "C" __global__ void zstd_combine(const unsigned char* src, const long long* offs, const long long* sizes,
+                                        int n, const gz_slot* slots, int cap, const int* nslots, long long* fcs_out,
+                                        long long* len_out, int* deep_out, int mode) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int ns = nslots[i];
+    if (ns == -2) return;  // the plan's verdict stands (not zstd, header cut, reserved block type)
+    if (ns < 0) {  // more blocks than the plan had room for: walk the frame here
+        gz_frame_walk(src + offs[i], sizes[i], mode, 0, 0, fcs_out + i, len_out + i, deep_out + i, 0);
+        return;
+    }
+    const gz_slot* s = slots + (long long)i * cap;
+    long long out = 0, rep[3] = {1, 4, 8};
+    for (int j = 0; j < ns; j++, s++) {
+        if (s->known >= 0) { out += s->known; continue; }
+        int code = 0;
+        for (int q = 0; q < 5 && !code; q++) code = s->code[q];
+        if (!code && s->need_c != GZ_NONE && s->need_c > out) code = 19;
+        for (int q = 0; q < 3 && !code; q++)
+            if (s->need[q] != GZ_NONE && (rep[q] + s->minv[q] <= 0 || rep[q] + s->need[q] > out)) code = 19;
+        if (code) { deep_out[i] = code; return; }
+        out += s->regen;
+        long long r[3];
+        for (int q = 0; q < 3; q++) r[q] = s->rs[q] < 0 ? s->rv[q] : rep[s->rs[q]] + s->rv[q];
+        for (int q = 0; q < 3; q++) rep[q] = r[q];
+    }
+    long long fcs = fcs_out[i];
+    if (!deep_out[i] && fcs >= 0 && len_out[i] <= sizes[i] && out != fcs) deep_out[i] = 12;
 }
 """
 

@@ -2,7 +2,7 @@
 """Cost of the zstd frame walk (``gpuzarr.gpu.zstd-check``) per mode, on the host build of the kernel source.
 
 Builds ``ZSTD_FRAMES_SRC`` with the host C++ compiler (-O2, one thread, one
-frame after another, as one GPU thread walks one frame) and times it on
+frame after another through ``zstd_frames``, the one-thread-per-frame walk) and times it on
 ERA5-like chunks (``gpuzarr_dist.demo.make_era5_like``: float32 721 x 1440,
 zstd level 0, about 3 MiB stored each), the chunks of a 64-chunk batch::
 
@@ -27,14 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 HARNESS_MAIN = r"""
-#include <cstdio>
-#include <cstdlib>
 #include <chrono>
-struct D { unsigned int x; };
-static D blockIdx, threadIdx, blockDim;
-#define __global__
-#define __device__ static
-%s
 int main(int argc, char** argv) {
     int mode = atoi(argv[1]), reps = atoi(argv[2]);
     unsigned int n;
@@ -53,7 +46,7 @@ int main(int argc, char** argv) {
             flagged += deep != 0 || len != sizes[k];
         }
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-    printf("%%d %%.6f\n", flagged, s);
+    printf("%d %.6f\n", flagged, s);
     return 0;
 }
 """
@@ -67,6 +60,7 @@ def main() -> int:
     args = p.parse_args()
     from gpuzarr_dist.codecs.kernels import ZSTD_CHECK_MODES, ZSTD_FRAMES_SRC
     from gpuzarr_dist.demo import make_era5_like
+    from zstd_walk_host import PREAMBLE
 
     cxx = shutil.which("g++") or shutil.which("clang++")
     if cxx is None:
@@ -80,7 +74,7 @@ def main() -> int:
         chunks = [chunks[i % len(chunks)] for i in range(args.chunks)]
         src, exe = os.path.join(tmp, "walk.cpp"), os.path.join(tmp, "walk")
         with open(src, "w") as fh:
-            fh.write(HARNESS_MAIN % ZSTD_FRAMES_SRC)
+            fh.write(PREAMBLE + ZSTD_FRAMES_SRC + HARNESS_MAIN)
         subprocess.run([cxx, "-O2", "-o", exe, src], check=True)
         payload = b"".join(struct.pack("<I", len(c)) + c for c in chunks)
         mib = sum(map(len, chunks)) / 2**20

@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES  # noqa: E402
 
-HARNESS = r"""
+#: what makes the CUDA source plain C++ (one thread: the launch indices are globals the caller sets)
+PREAMBLE = r"""
 #include <cstdio>
 #include <cstdlib>
 struct D { unsigned int x; };
@@ -32,8 +33,9 @@ static D blockIdx, threadIdx, blockDim;
 #define __global__
 #define __device__ static
 #define __shared__ static
-#define SLOT_BYTES %d
-""" % ZSTD_SLOT_BYTES + ZSTD_FRAMES_SRC + r"""
+"""
+
+HARNESS = PREAMBLE + "#define SLOT_BYTES %d\n" % ZSTD_SLOT_BYTES + ZSTD_FRAMES_SRC + r"""
 int main(int argc, char** argv) {
     // argv[1]: the mode; argv[2]: 0 one thread per frame (zstd_frames), else the block walk
     // (zstd_plan, zstd_blocks, zstd_combine) with that many block slots per frame

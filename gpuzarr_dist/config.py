@@ -170,17 +170,23 @@ def zstd_check() -> str:
     sends frames whose literal streams are not used up exactly to the CPU
     decoder (libzstd accepts some, and decoders disagree on what they hold).
 
-    Measured on one H200 (``tools/gpu_check_zstd9.py``, 64 ERA5-like chunks
-    of 4.15 MB, one batch): walk 2.33 ms (headers), 74.5 ms (sequences),
-    939 ms (literals), against 25.2 ms for the batch's copy + decode. In the
-    GPU fuzz (``tools/gpu_fuzz.py``, 12,000 damaged chunks) ``headers`` let
-    damaged frames reach nvCOMP's zstd decoder, which hung 29 times before
-    the run's time limit; ``sequences`` had no hang, no crash and 17 frames
-    decoded to other bytes than libzstd's (16 with literal streams not used
-    up exactly, 1 that libzstd rejects); ``literals`` had none. A hung kernel
-    cannot be stopped, so the default is ``sequences``; ``headers`` is for
-    data you trust (2.3 ms of walk per batch instead of 74.5), ``literals`` for data you
-    do not (decoded exactly as libzstd decodes it, or on the CPU).
+    Modes 1 and 2 walk every block of a frame in a thread of its own (and
+    each Huffman stream of a block in ``literals``) between a plan and a
+    combine per frame, with the one-thread walk's verdicts. Measured on one
+    H200 (``tools/gpu_check_zstd9.py``, ERA5-like chunks of 4.15 MB, one
+    batch of 64 / 225): walk 2.2-2.6 / 2.3-2.6 ms (headers), 7.7 / 12.3 ms
+    (sequences), 22.5 / 61-67 ms (literals), against 31 / 53 ms for the
+    batch's ``decode_batch_gpu``. In the GPU fuzz (``tools/gpu_fuzz.py``,
+    60,000 damaged chunks over 18 codec chains) ``sequences`` had no hang
+    and no crash, and 72 zstd frames decoded to other bytes than libzstd's
+    (61 that libzstd also decodes, to other bytes, 11 that it rejects); with
+    ``literals`` the same 60,000 cases had none.
+    ``headers`` let damaged frames reach nvCOMP's zstd decoder, which hung 29
+    times in 12,000. A hung kernel cannot be stopped and ``literals`` halves
+    the zstd read rate (``bench read``: 7.9 against 15.5 GB/s), so the
+    default is ``sequences``; ``headers`` is for data you trust,
+    ``literals`` for data you do not (decoded exactly as libzstd decodes it,
+    or on the CPU).
     """
     v = str(dask.config.get("gpuzarr.gpu.zstd-check", "sequences")).strip().lower()
     if v not in ZSTD_CHECKS:

@@ -66,7 +66,7 @@ ZSTD_FRAMES_SRC = r"""
 struct gz_fse { unsigned int val; unsigned short base; unsigned char nb, add; };
 
 struct gz_zstate {
-    int lit_table, seq_table;  // a Huffman table / sequence tables were defined earlier in the frame
+    int seq_table;             // sequence tables were defined earlier in the frame (a Huffman table: huf_at >= 0)
     int al[3];                 // accuracy logs of the literal length, offset, match length tables
     long long rep[3];          // repeat offsets (3.1.2.5); in a block walk, relative to rs (below)
     long long out;             // bytes the frame regenerated before this block (sequences mode)
@@ -81,9 +81,9 @@ struct gz_zstate {
     int tab_mode[3];
     // A block walk (zstd_blocks) starts without the earlier blocks' state: ``lazy`` builds a repeated or
     // treeless table from the description in force when the block first needs it, ``rs[k]`` >= 0 says
-    // rep[k] is relative to the block's initial repeat offset rs[k], and with ``known_out`` 0 the offsets
-    // the block uses are recorded (need_c, need, minv, relative to the block's start) for zstd_combine.
-    int lazy, built[3], known_out, lane;  // lane: -1 the whole block; 0-3 one Huffman stream; 4 the sequences
+    // rep[k] is relative to the block's initial repeat offset rs[k], and the offsets the block uses are
+    // recorded (need_c, need, minv, relative to the block's start) for zstd_combine, not checked.
+    int lazy, built[3], lane;  // lane: -1 the whole block; 0-3 one Huffman stream; 4 the sequences
     int rs[3];
     long long need_c, need[3], minv[3];
 };
@@ -119,28 +119,29 @@ __device__ unsigned long long gz_back_bits(const unsigned char* q, long long* po
 // reads, where gz_back_bits loads every byte it needs each time. Same values, same positions.
 struct gz_bits { const unsigned char* q; long long pos, wlo; unsigned long long win; };
 
+__device__ unsigned long long gz_window(const unsigned char* q, long long pos, long long* wlo) {
+    // the up to 8 bytes ending with the one that holds bit pos - 1 (pos > 0), little-endian; *wlo: the
+    // position of its lowest bit
+    long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
+    unsigned long long w = 0;
+    for (long long k = top; k >= sb; k--) w = (w << 8) | q[k];
+    *wlo = 8 * sb;
+    return w;
+}
+
 __device__ void gz_bits_init(gz_bits* b, const unsigned char* q, long long pos) {
     b->q = q; b->pos = pos; b->wlo = pos + 1; b->win = 0;
 }
 
-__device__ unsigned int gz_bits_peek(gz_bits* b, int n) {
-    // the n <= 32 bits below b->pos, zeros below the stream's start
+__device__ unsigned int gz_bits_read(gz_bits* b, int n) {
+    // the n <= 32 bits below b->pos, zeros below the stream's start; b->pos moves down by n
     long long pos = b->pos, lo = pos - n;
-    if (n <= 0 || pos <= 0) return 0;
-    if (lo < b->wlo && b->wlo > 0) {  // refill: the 8 bytes ending with the one that holds bit pos - 1
-        long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
-        unsigned long long w = 0;
-        for (long long k = top; k >= sb; k--) w = (w << 8) | b->q[k];
-        b->win = w; b->wlo = 8 * sb;
-    }
+    if (n <= 0) return 0;
+    b->pos = lo;
+    if (pos <= 0) return 0;
+    if (lo < b->wlo && b->wlo > 0) b->win = gz_window(b->q, pos, &b->wlo);
     if (lo >= b->wlo) return (unsigned int)((b->win >> (lo - b->wlo)) & ((1ULL << n) - 1));
     return (unsigned int)((b->win & ((1ULL << pos) - 1)) << (-lo));  // wlo == 0 and pos < n
-}
-
-__device__ unsigned int gz_bits_read(gz_bits* b, int n) {
-    unsigned int v = gz_bits_peek(b, n);
-    if (n > 0) b->pos -= n;
-    return v;
 }
 
 __device__ long long gz_ncount(const unsigned char* q, long long avail, int maxs, int maxal, short* norm,
@@ -284,13 +285,12 @@ __device__ int gz_huf_stream(const unsigned char* bs, long long bl, long long co
     long long k = 0;
     while (k < count) {
         if (pos <= 0) return 22;  // literals left and no bits
-        long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
-        unsigned long long w = 0;
-        for (long long j = top; j >= sb; j--) w = (w << 8) | bs[j];
-        int have = (int)(pos - 8 * sb);  // bits of the window below pos (1 to 64)
+        long long wlo;
+        unsigned long long w = gz_window(bs, pos, &wlo);
+        int have = (int)(pos - wlo);  // bits of the window below pos (1 to 64)
         if (have < 64) w <<= 64 - have;
         int used = 0;
-        if (sb > 0) {  // more bytes below: decode while the window holds a whole peek
+        if (wlo > 0) {  // more bytes below: decode while the window holds a whole peek
             while (k < count && have - used >= mb) {
                 int n = tab[(unsigned int)(w >> (64 - mb))] & 15;
                 w <<= n; used += n; k++;
@@ -430,7 +430,7 @@ __device__ int gz_sequences(const unsigned char* bs, long long bl, long long nse
         if (llv > litleft) return 18;
         litleft -= llv;
         bout += llv;
-        if (os < 0 && st->known_out) {
+        if (os < 0 && !st->lazy) {
             if (off <= 0 || off > st->out + bout) return 19;
         } else if (os < 0) {  // a block walk: off <= (bytes before the block) + bout, checked by zstd_combine
             if (off <= 0) return 19;
@@ -483,14 +483,13 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
         if (lh + lcs > bsize) return 4;
         int four = sf != 0;
         if (four && lit < 6) return 7;
-        if (ltype == 3 && !st->lit_table) return 6;
+        if (ltype == 3 && st->huf_at < 0) return 6;
         long long tree = 0;
         if (ltype == 2) {
             if (lcs < 1) return 7;
             int bad = gz_huf_tree(q + lh, lcs, &tree, walk_lits ? st : 0);
             if (bad) return bad;
             if (tree >= lcs) return 7;
-            st->lit_table = 1;
             st->huf_at = q + lh - st->frame; st->huf_len = lcs;
         } else if (walk_lits && st->lazy && !st->huf_bits) {  // a block walk: the tree in force
             long long u;
@@ -564,7 +563,7 @@ __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, lo
 #endif
 
 // A block of a frame, as the plan (zstd_plan) hands it to the block walks (zstd_blocks) and they to the
-// frame's combine (zstd_combine); 64-bit fields first so that the layout has no padding (GZ_SLOT_BYTES).
+// frame's combine (zstd_combine); 64-bit fields first, so that host and device agree on its size (ZSTD_SLOT_BYTES).
 struct gz_slot {
     long long at, size, bmax;           // the block's content (offset from the frame's start), its block maximum
     long long known;                    // bytes a raw or RLE block regenerates; -1: a compressed block, walked
@@ -576,11 +575,10 @@ struct gz_slot {
     int tab_mode[3];
     int code[5];                        // out: each lane's verdict (0 or a ZSTD_DEEP_REASONS code)
     int rs[3];
-    int lit_table;
 };
 
 __device__ void gz_state_init(gz_zstate* st, const unsigned char* frame) {
-    st->lit_table = 0; st->seq_table = 0; st->out = 0; st->huf_bits = 0;
+    st->seq_table = 0; st->out = 0; st->huf_bits = 0;
     st->rep[0] = 1; st->rep[1] = 4; st->rep[2] = 8;
     st->rs[0] = st->rs[1] = st->rs[2] = -1;
     st->al[0] = st->al[1] = st->al[2] = 0;
@@ -590,7 +588,7 @@ __device__ void gz_state_init(gz_zstate* st, const unsigned char* frame) {
         st->need[k] = GZ_NONE; st->minv[k] = -GZ_NONE;
     }
     st->need_c = GZ_NONE;
-    st->lazy = 0; st->known_out = 1; st->lane = -1;
+    st->lazy = 0; st->lane = -1;
 }
 
 __device__ void gz_frame_walk(const unsigned char* p, long long len, int mode, gz_slot* slots, int cap,
@@ -653,7 +651,7 @@ __device__ void gz_frame_walk(const unsigned char* p, long long len, int mode, g
                 if (ns >= 0) {
                     s = slots + ns++;
                     s->at = pos; s->size = bsize; s->bmax = bmax; s->known = kind < 2 ? bsize : -1;
-                    s->huf_at = st.huf_at; s->huf_len = st.huf_len; s->lit_table = st.lit_table;
+                    s->huf_at = st.huf_at; s->huf_len = st.huf_len;
                     for (int k = 0; k < 3; k++) { s->tab_at[k] = st.tab_at[k]; s->tab_len[k] = st.tab_len[k]; s->tab_mode[k] = st.tab_mode[k]; }
                     for (int k = 0; k < 5; k++) s->code[k] = 0;
                 }
@@ -713,8 +711,8 @@ extern "C" __global__ void zstd_blocks(const unsigned char* src, const long long
     gz_zstate* st = &local_st;
 #endif
     gz_state_init(st, src + offs[i]);
-    st->lazy = 1; st->known_out = 0; st->lane = lane;
-    st->lit_table = s->lit_table; st->seq_table = s->tab_mode[0] >= 0;
+    st->lazy = 1; st->lane = lane;
+    st->seq_table = s->tab_mode[0] >= 0;
     st->rep[0] = st->rep[1] = st->rep[2] = 0;
     st->rs[0] = 0; st->rs[1] = 1; st->rs[2] = 2;
     st->huf_at = s->huf_at; st->huf_len = s->huf_len;

@@ -6,7 +6,8 @@ the block came from :func:`~gpuzarr_dist.from_zarr_gpu`); the stream is
 synchronised before the host touches the results. A chain the GPU encoder
 cannot run (see :func:`gpuzarr_dist.codecs.gpu_encode.gpu_encode_unsupported`)
 is encoded on the CPU after one copy of the block to the host, with one
-warning per codec. :class:`GpuBlockEncoder` launches each sub-batch's encode
+warning per codec; so is a block smaller than ``gpuzarr.gpu.min-batch``
+(nvCOMP's per-call cost outweighs its speed there), without a warning. :class:`GpuBlockEncoder` launches each sub-batch's encode
 without waiting, so :meth:`~gpuzarr_dist.write.BlockWriter.run_batches`
 writes the previous sub-batch from pinned memory while the GPU encodes.
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import cupy
 
 from .codecs.gpu_encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
+from .config import gpu_min_batch_bytes
 from .errors import ChunkEncodeError
 from .runtime.cuda import thread_stream
 from .runtime.once import warn_once
@@ -90,6 +92,8 @@ def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
     unsupported = gpu_encode_unsupported(writer.pipeline)
     if unsupported is not None:
         _warn_cpu_fallback(repr(unsupported), spec.name)
+    if unsupported is not None or block.size * spec.dtype.itemsize < gpu_min_batch_bytes():
+        # a small block: one nvCOMP encode call costs more than the CPU encode threads take for it
         host = cupy.asnumpy(cupy.asarray(block), stream=stream)
         stream.synchronize()
         return CpuBlockEncoder(writer, host)

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 import zarr
 
+import dask
+
 import gpuzarr_dist
+
+# The suite's arrays are small: with the default ``gpuzarr.gpu.min-batch`` their GPU batches would all be
+# decoded and encoded on the CPU. Every GPU batch goes to nvCOMP here, as a large one does, unless a test
+# sets the key itself (tests/test_min_batch.py).
+dask.config.set({"gpuzarr.gpu.min-batch": 0})
 
 # --------------------------------------------------------------------------- hooks
 

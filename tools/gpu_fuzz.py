@@ -1023,6 +1023,8 @@ def main(argv: list[str] | None = None) -> int:
     # the decoders read it when gpuzarr_dist is imported; children and replays are handed --zstd-check
     # explicitly (their own argparse default would otherwise set this again, whatever the parent was asked)
     os.environ[ZSTD_CHECK_ENV] = args.zstd_check
+    # the fuzz batches are small: every one goes to nvCOMP (and the walks), not to the CPU decoders
+    os.environ["DASK_GPUZARR__GPU__MIN_BATCH"] = "0"
     if args.replay:
         return replay(args.replay, args.device)
     if args.child:

@@ -59,18 +59,22 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     600 x 4.15 MB chunks, 16 threads): 64 MiB sub-batches wrote 1.65 GB/s,
     against 2.92-3.59 GB/s for whole-block batches, because nvCOMP's zstd
     encode is slower with fewer chunks per call; set a size to try it.
-``gpuzarr.gpu.min-batch``
+``gpuzarr.gpu.min-batch`` / ``gpuzarr.gpu.min-batch-chunks``
     With ``device="gpu"``, a batch whose chunks hold fewer decompressed bytes
-    than this is decoded (or encoded) on the CPU decode threads instead of by
-    nvCOMP, and moved over in one copy. Default ``32 MiB``; ``0`` sends every
-    batch to nvCOMP. nvCOMP's zstd calls cost about 10-25 ms (decode) and
-    33-50 ms (encode) whatever the batch, and calls from many threads run
-    largely one after another; the CPU wins below a few dozen MB. Measured on
-    one H100 with 16 CPU cores, GB/s with 16 threads calling at once, zstd
-    float32 data: decoding 8 chunks of 2 MB, nvCOMP 2.1 against the CPU 4.9;
-    8 x 4 MB 2.3 against 5.5; 32 x 2 MB (64 MB) 6.0 against 4.0; encoding one
-    0.5 MB chunk took nvCOMP 33 ms and the CPU 1.3 ms; 16 x 2 MB 1.50 against
-    1.45; 32 x 2 MB 2.7 against 1.6. Lower it where a GPU has few CPU cores.
+    than ``min-batch`` (default ``32 MiB``) is encoded and decoded on the CPU
+    decode threads instead of by nvCOMP, and moved over in one copy; so is a
+    decode of fewer than ``min-batch-chunks`` chunks (default 8). ``0`` turns
+    either off. An nvCOMP zstd call costs 10-50 ms whatever its size, calls
+    from many threads run largely one after another, and nvCOMP decodes a
+    chunk's bytes largely in sequence, so a few large chunks decode slowly.
+    Measured with 16 threads calling at once, GB/s of zstd float32 data,
+    nvCOMP against the CPU threads (16 cores): on one H200, encoding 1 x 4 MB
+    0.21 / 0.73, 8 x 4 MB 1.49 / 1.35, 1 x 16 MB 0.67 / 1.13, 2 x 16 MB
+    1.26 / 1.20, 1 x 66 MB 1.63 / 1.15; decoding 1 x 66 MB 0.91 / 3.73,
+    4 x 66 MB 3.71 / 5.12, 8 x 66 MB 5.49 / 4.37, 4 x 16 MB 2.11 / 4.50,
+    16 x 16 MB 7.70 / 5.21, 16 x 4 MB 4.38 / 4.02. On one H100: decoding
+    8 x 2 MB 2.1 / 4.9, 32 x 2 MB 6.0 / 4.0; one 0.5 MB chunk encoded in 33 ms
+    against 1.3 ms. Lower them where a GPU has few CPU cores.
 """
 
 from __future__ import annotations
@@ -164,7 +168,7 @@ def write_batch_bytes() -> int | None:
     return n if n > 0 else None
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB"}}})
+dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB", "min-batch-chunks": 8}}})
 
 
 def gpu_min_batch_bytes() -> int:
@@ -177,6 +181,15 @@ def gpu_min_batch_bytes() -> int:
     n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
     if n < 0:
         raise ValueError(f"gpuzarr.gpu.min-batch must be a size of at least 0, not {v!r}")
+    return n
+
+
+def gpu_min_batch_chunks() -> int:
+    """``gpuzarr.gpu.min-batch-chunks``: GPU decodes of fewer chunks run on the CPU."""
+    v = dask.config.get("gpuzarr.gpu.min-batch-chunks", 8)
+    n = 0 if v in (None, "", "none", "None") else int(v)
+    if n < 0:
+        raise ValueError(f"gpuzarr.gpu.min-batch-chunks must be a count of at least 0, not {v!r}")
     return n
 
 

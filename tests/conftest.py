@@ -21,10 +21,10 @@ import dask
 
 import gpuzarr_dist
 
-# The suite's arrays are small: with the default ``gpuzarr.gpu.min-batch`` their GPU batches would all be
+# The suite's arrays are small: with the default ``gpuzarr.gpu.min-batch(-chunks)`` their GPU batches would all be
 # decoded and encoded on the CPU. Every GPU batch goes to nvCOMP here, as a large one does, unless a test
 # sets the key itself (tests/test_min_batch.py).
-dask.config.set({"gpuzarr.gpu.min-batch": 0})
+dask.config.set({"gpuzarr.gpu.min-batch": 0, "gpuzarr.gpu.min-batch-chunks": 0})
 
 # --------------------------------------------------------------------------- hooks
 

@@ -15,7 +15,7 @@ import zarr
 
 import gpuzarr_dist as gz
 from conftest import make_data
-from gpuzarr_dist.config import gpu_min_batch_bytes
+from gpuzarr_dist.config import gpu_min_batch_bytes, gpu_min_batch_chunks
 
 
 def test_default_and_parsing():
@@ -30,6 +30,11 @@ def test_default_and_parsing():
         assert gpu_min_batch_bytes() == 4096
     with dask.config.set({"gpuzarr.gpu.min-batch": -1}), pytest.raises(ValueError, match="min-batch"):
         gpu_min_batch_bytes()
+    assert any(d.get("gpuzarr", {}).get("gpu", {}).get("min-batch-chunks") == 8 for d in defaults)
+    with dask.config.set({"gpuzarr.gpu.min-batch-chunks": "12"}):
+        assert gpu_min_batch_chunks() == 12
+    with dask.config.set({"gpuzarr.gpu.min-batch-chunks": -2}), pytest.raises(ValueError, match="min-batch-chunks"):
+        gpu_min_batch_chunks()
 
 
 def _store(tmp_path, data, chunks):
@@ -84,6 +89,28 @@ def test_batches_at_min_batch_go_to_nvcomp(tmp_path, monkeypatch):
     with dask.config.set({"gpuzarr.gpu.min-batch": block_bytes}):
         got = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30)).compute()
     assert calls and set(calls) == {"Zstd"}
+    np.testing.assert_array_equal(got.get(), zarr.open_array(path, mode="r")[...])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("least", [4, 5])
+def test_min_batch_chunks_sends_few_chunk_decodes_to_the_cpu(tmp_path, monkeypatch, least):
+    """A block of 4 chunks goes to nvCOMP with min-batch-chunks 4 and to the CPU with 5; equal values both ways."""
+    import gpuzarr_dist.codecs.gpu as g
+
+    data = make_data("float32", (40, 50, 30), seed=7)
+    path = _store(tmp_path, data, (10, 25, 30))
+    calls = []
+    real = g._nvcomp_codec
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(g, "_nvcomp_codec", counted)
+    with dask.config.set({"gpuzarr.gpu.min-batch-chunks": least}):
+        got = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30)).compute()  # 2 x 2 chunks a block
+    assert bool(calls) == (least == 4)
     np.testing.assert_array_equal(got.get(), zarr.open_array(path, mode="r")[...])
 
 

@@ -1025,6 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[ZSTD_CHECK_ENV] = args.zstd_check
     # the fuzz batches are small: every one goes to nvCOMP (and the walks), not to the CPU decoders
     os.environ["DASK_GPUZARR__GPU__MIN_BATCH"] = "0"
+    os.environ["DASK_GPUZARR__GPU__MIN_BATCH_CHUNKS"] = "0"
     if args.replay:
         return replay(args.replay, args.device)
     if args.child:

@@ -28,7 +28,7 @@ import numpy as np
 
 from . import host_checks
 from .pipeline import CodecPipeline
-from ..config import deflate_check, gpu_min_batch_bytes
+from ..config import deflate_check, gpu_min_batch_bytes, gpu_min_batch_chunks
 from ..errors import ChunkDecodeError
 from ..runtime.cuda import settle
 from ..runtime.memory import is_out_of_memory
@@ -417,7 +417,8 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
 
     timed = stage_timer()  # sub-stages of the reader's "H2D + decode" (opt-in, see ..stages)
     n = len(keys)
-    if n * pipeline.layouts[-1].nbytes < gpu_min_batch_bytes():  # nvCOMP's per-call cost outweighs a small batch
+    if n < gpu_min_batch_chunks() or n * pipeline.layouts[-1].nbytes < gpu_min_batch_bytes():
+        # a small batch: nvCOMP's per-call cost, or its slow way with a few large chunks, outweighs its speed
         out = _decode_on_cpu(pipeline, host, offsets, sizes, keys, stream)
         timed("decode: small batch on the CPU")
         return out

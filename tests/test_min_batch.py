@@ -52,6 +52,21 @@ def _forbid(monkeypatch, where, name):
     monkeypatch.setattr(where, name, refuse)
 
 
+def _count_nvcomp(monkeypatch) -> list[str]:
+    """The nvCOMP algorithms the GPU decoder asks a codec for, from now on (the codec is still made and used)."""
+    import gpuzarr_dist.codecs.gpu as g
+
+    calls: list[str] = []
+    real = g._nvcomp_codec
+
+    def counted(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(g, "_nvcomp_codec", counted)
+    return calls
+
+
 @pytest.mark.gpu
 def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
     """Below min-batch nvCOMP is never called; the block is still a cupy array equal to zarr-python's read."""
@@ -63,7 +78,7 @@ def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
     path = _store(tmp_path, data, (10, 25, 30))
     expect = zarr.open_array(path, mode="r")[...]
     _forbid(monkeypatch, g, "_nvcomp_codec")
-    with dask.config.set({"gpuzarr.gpu.min-batch": "1 MiB"}):  # a block here is 240 kB
+    with dask.config.set({"gpuzarr.gpu.min-batch": "1 MiB"}):  # a block here is 120 kB
         x = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30))
         got = x.compute()
     assert isinstance(got, cupy.ndarray)
@@ -73,18 +88,9 @@ def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
 @pytest.mark.gpu
 def test_batches_at_min_batch_go_to_nvcomp(tmp_path, monkeypatch):
     """At or above min-batch the batch is nvCOMP's (its codec is asked for), with the same values."""
-    import gpuzarr_dist.codecs.gpu as g
-
     data = make_data("float32", (40, 50, 30), seed=4)
     path = _store(tmp_path, data, (10, 25, 30))
-    calls = []
-    real = g._nvcomp_codec
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(g, "_nvcomp_codec", counted)
+    calls = _count_nvcomp(monkeypatch)
     block_bytes = 20 * 50 * 30 * 4
     with dask.config.set({"gpuzarr.gpu.min-batch": block_bytes}):
         got = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30)).compute()
@@ -96,18 +102,9 @@ def test_batches_at_min_batch_go_to_nvcomp(tmp_path, monkeypatch):
 @pytest.mark.parametrize("least", [4, 5])
 def test_min_batch_chunks_sends_few_chunk_decodes_to_the_cpu(tmp_path, monkeypatch, least):
     """A block of 4 chunks goes to nvCOMP with min-batch-chunks 4 and to the CPU with 5; equal values both ways."""
-    import gpuzarr_dist.codecs.gpu as g
-
     data = make_data("float32", (40, 50, 30), seed=7)
     path = _store(tmp_path, data, (10, 25, 30))
-    calls = []
-    real = g._nvcomp_codec
-
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(g, "_nvcomp_codec", counted)
+    calls = _count_nvcomp(monkeypatch)
     with dask.config.set({"gpuzarr.gpu.min-batch-chunks": least}):
         got = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30)).compute()  # 2 x 2 chunks a block
     assert bool(calls) == (least == 4)

@@ -43,6 +43,8 @@ from .errors import ArrayExistsError, MetadataError
 from .metadata import ArraySpec, spec_from_zarr_metadata
 from .stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
 
+#: URL schemes written through obstore (as they are read); other URLs (http, memory, ...) go through fsspec
+OBJECT_WRITE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
 #: chunks=None: a dask block up to this size becomes one Zarr chunk; larger blocks are split
 MAX_CHUNK_FROM_BLOCK = 16 * 2**20
 #: chunks=None and a larger block: Zarr chunks of about this size (many per block: one big nvCOMP batch)
@@ -168,11 +170,12 @@ class _Target:
     path: str  # the array's path inside it
     name: str  # for messages (no credentials)
     local_root: str | None  # the store's folder on a local disk, or None
+    scrub: Any = None  # credentials out of the store's error texts (object stores), or None
 
     def writer(self, array: str) -> ObjectWriter:
         if self.local_root is not None:
             return LocalObjectWriter(os.path.join(self.local_root, *[p for p in self.path.split("/") if p]), array)
-        return ZarrStoreWriter(self.store, self.path, array)
+        return ZarrStoreWriter(self.store, self.path, array, self.scrub)
 
 
 def _join(*parts: str | None) -> str:
@@ -192,9 +195,16 @@ def _open_target(target: Any, component: str | None, storage_options: dict | Non
             root = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else target))
             store = zarr.storage.LocalStore(root)
             return _Target(store, _join(component), os.path.join(root, _join(component)) if component else root, root)
-        store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
         shown = f"{url.scheme}://{url.hostname or ''}{url.path}"  # no credentials from the URL
-        return _Target(store, _join(component), f"{shown.rstrip('/')}/{component}" if component else shown, None)
+        name = f"{shown.rstrip('/')}/{component}" if component else shown
+        if url.scheme in OBJECT_WRITE_SCHEMES:  # the reads' obstore client: same options, environment and messages
+            from .stores.remote import ObjectChunkStore
+
+            root = ObjectChunkStore(target, name, storage_options)
+            return _Target(zarr.storage.ObjectStore(root.store, read_only=False), _join(component), name, None,
+                           root.scrub)
+        store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
+        return _Target(store, _join(component), name, None)
     if isinstance(target, zarr.Group):
         if not component:
             raise ValueError("to_zarr_gpu into a zarr.Group needs component= naming the new array")

@@ -347,7 +347,6 @@ def test_resume_refuses_different_metadata(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
     import socket
 
@@ -365,18 +364,41 @@ def s3_endpoint():
     server.stop()
 
 
+def _s3_reference(endpoint: str, prefix: str) -> zarr.Array:
+    """The array under ``s3://bucket/<prefix>`` as zarr-python reads it, over a client built here (not ours)."""
+    from obstore.store import S3Store
+
+    s3 = S3Store("bucket", prefix=prefix, config={"endpoint": endpoint, "access_key_id": "k",
+                                                   "secret_access_key": "s", "region": "us-east-1"},
+                 client_options={"allow_http": True})
+    return zarr.open_array(store=zarr.storage.ObjectStore(s3, read_only=True), mode="r")
+
+
 def test_s3_round_trip(s3_endpoint, device):
+    """Written to a loopback S3 server (moto) with s3fs-style options, read back by zarr-python and by us."""
     opts = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
     data = make_data("float32", (20, 9), seed=12)
     url = f"s3://bucket/{dev()}/out.zarr"
     gz.to_zarr_gpu(on_device(data, (10, 9)), url, chunks=(5, 9), shards=(10, 9), crc32c=True,
                    storage_options=opts, overwrite=True)
-    arr = zarr.open_array(url, mode="r", storage_options=opts)
-    assert_same(arr[...], data)
+    assert_same(_s3_reference(s3_endpoint, f"{dev()}/out.zarr")[...], data)
     with pytest.raises(ArrayExistsError, match=r"s3://bucket/.*/out.zarr"):
         gz.to_zarr_gpu(on_device(data, (10, 9)), url, storage_options=opts)
     back = gz.from_zarr_gpu(url, device="cpu", storage_options=opts).compute()
     assert_same(back, data)
+
+
+def test_s3_write_errors_hold_no_credentials(s3_endpoint):
+    """A write into a bucket that does not exist fails, and neither key nor secret is in the error or its chain."""
+    import traceback
+
+    opts = {"key": "AKIDEXAMPLE7", "secret": "s3cr3t-value-99",
+            "client_kwargs": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"}}
+    with pytest.raises(Exception) as info:
+        gz.to_zarr_gpu(da.zeros((10, 4), chunks=5), "s3://no-such-bucket/x.zarr", storage_options=opts)
+    text = "".join(traceback.format_exception(info.value))
+    assert "no-such-bucket" in text or "NoSuchBucket" in text
+    assert "s3cr3t-value-99" not in text and "AKIDEXAMPLE7" not in text
 
 
 # --------------------------------------------------------------------------- GPU only

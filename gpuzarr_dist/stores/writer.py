@@ -31,7 +31,7 @@ import itertools
 import os
 import secrets
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from typing import Any
 
@@ -266,10 +266,19 @@ def _temp_tag() -> str:
 class ZarrStoreWriter(ObjectWriter):
     """Objects through a zarr-python ``Store`` (one ``set``, i.e. one PUT, per object), all in flight at once."""
 
-    def __init__(self, store: Any, path: str, array: str):
+    def __init__(self, store: Any, path: str, array: str, scrub: Callable[[str], str] | None = None):
         self.store = store
         self.prefix = f"{path.strip('/')}/" if path.strip("/") else ""
         self.array = array
+        self.scrub = scrub  # takes credentials out of the store's error texts (object stores)
+
+    def _reason(self, e: Exception) -> str:
+        text = f"{type(e).__name__}: {e}"
+        return self.scrub(text) if self.scrub is not None else text
+
+    def _cause(self, e: Exception) -> Exception | None:
+        """The error to chain: none where the store's own text may hold credentials (object stores)."""
+        return None if self.scrub is not None else e
 
     def put_many(self, items: Sequence[tuple[str, Any]]) -> int:
         from zarr.core.buffer import default_buffer_prototype
@@ -282,7 +291,7 @@ class ZarrStoreWriter(ObjectWriter):
             try:
                 await self.store.set(self.prefix + key, proto.buffer.from_bytes(view))
             except Exception as e:
-                raise ChunkWriteError(self.array, key, f"{type(e).__name__}: {e}") from e
+                raise ChunkWriteError(self.array, key, self._reason(e)) from self._cause(e)
             return len(view)
 
         async def put_all() -> int:
@@ -297,7 +306,7 @@ class ZarrStoreWriter(ObjectWriter):
             try:
                 return bool(await self.store.exists(self.prefix + key))
             except Exception as e:
-                raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
+                raise ChunkReadError(self.array, key, self._reason(e)) from self._cause(e)
 
         async def all_() -> list[bool]:
             return list(await asyncio.gather(*(one(k) for k in keys)))

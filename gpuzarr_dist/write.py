@@ -41,10 +41,11 @@ from dask.utils import format_bytes
 from .codecs.pipeline import CodecPipeline
 from .errors import ArrayExistsError, MetadataError
 from .metadata import ArraySpec, spec_from_zarr_metadata
+from .stores.remote import REMOTE_SCHEMES
 from .stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
 
 #: URL schemes written through obstore (as they are read); other URLs (http, memory, ...) go through fsspec
-OBJECT_WRITE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure")
+OBJECT_WRITE_SCHEMES = tuple(s for s in REMOTE_SCHEMES if s not in ("http", "https"))
 #: chunks=None: a dask block up to this size becomes one Zarr chunk; larger blocks are split
 MAX_CHUNK_FROM_BLOCK = 16 * 2**20
 #: chunks=None and a larger block: Zarr chunks of about this size (many per block: one big nvCOMP batch)

@@ -7,9 +7,10 @@ synchronised before the host touches the results. A chain the GPU encoder
 cannot run (see :func:`gpuzarr_dist.codecs.gpu_encode.gpu_encode_unsupported`)
 is encoded on the CPU after one copy of the block to the host, with one
 warning per codec; so is a block smaller than ``gpuzarr.gpu.min-batch``
-(nvCOMP's per-call cost outweighs its speed there), without a warning. :class:`GpuBlockEncoder` launches each sub-batch's encode
-without waiting, so :meth:`~gpuzarr_dist.write.BlockWriter.run_batches`
-writes the previous sub-batch from pinned memory while the GPU encodes.
+(nvCOMP's per-call cost outweighs its speed there), without a warning.
+:class:`GpuBlockEncoder` launches each sub-batch's encode without waiting, so
+:meth:`~gpuzarr_dist.write.BlockWriter.run_batches` writes the previous
+sub-batch from pinned memory while the GPU encodes.
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ or cupy) at import, so our GPU Cubed and plain CPU Cubed cannot share one.
 Each child computes the mean once untimed (the process's one-time costs:
 CUDA context, compiled kernels, pools), then times ``mean(x, axis=0)``
 (computed into memory) and ``x - mean(x, axis=0)`` (written to a Zarr store,
-so the anomaly never has to fit in memory), checks the mean against a float64 numpy mean and three time
-steps of the anomaly against numpy, and prints one JSON line.
+so the anomaly never has to fit in memory), checks the mean against a
+float64 numpy mean and three time steps of the anomaly against numpy, and
+prints one JSON line.
 """
 
 from __future__ import annotations

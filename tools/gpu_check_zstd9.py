@@ -79,10 +79,13 @@ def main() -> int:
         import gpuzarr_dist.codecs.kernels as kernels
         from gpuzarr_dist.codecs.gpu import _kernel, walk_launch
 
-        default = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED
+        default = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS
         for mode in ("sequences", "literals"):
-            for threads, shared in ((1, 0), (2, 2), (8, 0), (32, 0)):
-                kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED = threads, shared
+            shapes = [(1, 0, default[2]), (2, 2, default[2]), (8, 0, default[2]), (32, 0, default[2])]
+            if mode == "literals":  # the literals walk's CUDA blocks, with the default sequences lanes
+                shapes = [(*default[:2], slots) for slots in (1, 4, 11)]
+            for threads, shared, slots in shapes:
+                kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = threads, shared, slots
                 with dask.config.set({"gpuzarr.gpu.zstd-check": mode}):
                     _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
                     stream.synchronize()
@@ -90,8 +93,9 @@ def main() -> int:
                     for _ in range(args.reps):
                         _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
                     stream.synchronize()
-                    times[f"{mode} lanes x{threads}, {shared} shared"] = (time.perf_counter() - t) / args.reps
-            kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED = default
+                    label = f"lanes x{threads}, {shared} shared" if mode == "sequences" else f"{slots} blocks per CUDA block"
+                    times[f"{mode} {label}"] = (time.perf_counter() - t) / args.reps
+            kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = default
             n = len(chunks)  # the one-thread-per-frame walk (zstd_frames) of the same mode, once
             offs = cupy.asarray(np.asarray(offsets, dtype=np.int64))
             lens = cupy.asarray(np.asarray(sizes, dtype=np.int64))

@@ -33,6 +33,8 @@ static D blockIdx, threadIdx, blockDim;
 #define __global__
 #define __device__ static
 #define __shared__ static
+#define __syncthreads()
+#define GZ_LIT_SLOTS 2
 """
 
 HARNESS = PREAMBLE + "#define SLOT_BYTES %d\n" % ZSTD_SLOT_BYTES + ZSTD_FRAMES_SRC + r"""
@@ -51,12 +53,20 @@ int main(int argc, char** argv) {
         if (!cap) {
             zstd_frames(buf, &off, &size, 1, &fcs, &len, &deep, mode);
         } else {
-            int lanes = mode >= 2 ? 5 : 1;
             blockIdx.x = 0;
             zstd_plan(buf, &off, &size, 1, slots, cap, &ns, &fcs, &len, &deep);
-            for (unsigned int t = 0; t < (unsigned int)(cap * lanes); t++) {
+            for (unsigned int t = 0; t < (unsigned int)cap; t++) {
                 blockIdx.x = t;
-                zstd_blocks(buf, &off, 1, slots, cap, &ns, mode, lanes);
+                zstd_blocks(buf, &off, 1, slots, cap, &ns, mode);
+            }
+            if (mode >= 2) {  // a CUDA block's threads in order: each slot's table builder before its walkers
+                blockDim.x = 4 * GZ_LIT_SLOTS;
+                for (unsigned int b = 0; b * GZ_LIT_SLOTS < (unsigned int)cap; b++)
+                    for (unsigned int t = 0; t < blockDim.x; t++) {
+                        blockIdx.x = b; threadIdx.x = t;
+                        zstd_literals(buf, &off, 1, slots, cap, &ns);
+                    }
+                blockDim.x = 1; threadIdx.x = 0;
             }
             blockIdx.x = 0;
             zstd_combine(buf, &off, &size, 1, slots, cap, &ns, &fcs, &len, &deep, mode);

@@ -181,26 +181,31 @@ def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int
     """Queue the zstd walk of ``n`` frames on the current stream: its verdicts land in ``fcs``, ``length``, ``deep``.
 
     Mode 0 (headers) is one thread per frame. Modes 1 and 2 walk every
-    block's bit streams in a thread of its own (4 Huffman streams and the
-    sequences: five lanes a block in mode 2), between a plan and a combine
-    that run a thread per frame (see :data:`.kernels.ZSTD_FRAMES_SRC`):
-    same verdicts, a frame's blocks walked side by side instead of in turn.
+    block's sequences in a thread of its own, and in mode 2 every Huffman
+    stream too (four threads a block sharing its table), between a plan and
+    a combine that run a thread per frame (see
+    :data:`.kernels.ZSTD_FRAMES_SRC`): same verdicts, a frame's blocks
+    walked side by side instead of in turn.
     """
-    from .kernels import ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_SLOT_BYTES, zstd_block_slots
+    from .kernels import (ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_LIT_SLOTS, ZSTD_SLOT_BYTES,
+                          zstd_block_slots)
 
     if mode == 0:
         _kernel("zstd_frames", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), fcs, length, deep,
                                                                   np.int32(mode)))
         return
     cap = zstd_block_slots(expected)
-    lanes = 5 if mode >= 2 else 1
     slots = cupy.empty(n * cap * ZSTD_SLOT_BYTES, dtype=cupy.uint8)
     nslots = cupy.empty(n, dtype=cupy.int32)
     _kernel("zstd_plan", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap), nslots,
                                                             fcs, length, deep))
-    total, t = n * cap * lanes, ZSTD_BLOCK_THREADS
+    total, t = n * cap, ZSTD_BLOCK_THREADS
     _kernel("zstd_blocks", ZSTD_FRAMES_SRC, (f"-DGZ_LANE_SHARED={ZSTD_LANE_SHARED}",))(
-        ((total + t - 1) // t,), (t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots, np.int32(mode), np.int32(lanes)))
+        ((total + t - 1) // t,), (t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots, np.int32(mode)))
+    if mode >= 2:
+        t = ZSTD_LIT_SLOTS
+        _kernel("zstd_literals", ZSTD_FRAMES_SRC, (f"-DGZ_LIT_SLOTS={t}",))(
+            ((total + t - 1) // t,), (4 * t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots))
     _kernel("zstd_combine", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap),
                                                                nslots, fcs, length, deep, np.int32(mode)))
 

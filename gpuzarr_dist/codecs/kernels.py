@@ -40,10 +40,14 @@ ZSTD_DEEP_REASONS: dict[int, str] = {
 #: bytes of :data:`ZSTD_FRAMES_SRC`'s ``gz_slot`` (one block of a frame in the parallel walk); a test checks it
 ZSTD_SLOT_BYTES = 232
 
-#: threads per CUDA block of the block walk's lanes (``zstd_blocks``), and how many of them keep their
-#: tables in shared memory (about 9.5 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory
+#: threads per CUDA block of the block walk's sequences (``zstd_blocks``), and how many of them keep their
+#: tables in shared memory (about 10.4 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory
 ZSTD_BLOCK_THREADS = 1
 ZSTD_LANE_SHARED = 1
+
+#: blocks of a frame per CUDA block of the literals walk (``zstd_literals``, the source's ``GZ_LIT_SLOTS``):
+#: four threads each, one per Huffman stream, sharing the block's 4 KiB decoding table in shared memory
+ZSTD_LIT_SLOTS = 8
 
 
 def zstd_block_slots(expected: int) -> int:
@@ -72,7 +76,7 @@ struct gz_zstate {
     long long out;             // bytes the frame regenerated before this block (sequences mode)
     gz_fse ll[512], of[256], ml[512];
     int huf_bits;              // literals mode: the Huffman table's maximum code length (0: none built)
-    unsigned short huf[2048];  // literals mode: decoding table, (symbol << 4) | code length, by the next huf_bits bits
+    unsigned short* huf;       // literals mode: decoding table (gz_huf_tree), 2048 entries, the walker's own
     // The descriptions in force (offsets from the frame's start), kept up to date by every walk so that the
     // plan (zstd_plan) can hand each block its tables: the last Huffman tree description and, per sequence
     // table, its mode (0 predefined, 1 RLE, 2 FSE; -1 none yet) and description.
@@ -83,7 +87,7 @@ struct gz_zstate {
     // treeless table from the description in force when the block first needs it, ``rs[k]`` >= 0 says
     // rep[k] is relative to the block's initial repeat offset rs[k], and the offsets the block uses are
     // recorded (need_c, need, minv, relative to the block's start) for zstd_combine, not checked.
-    int lazy, built[3], lane;  // lane: -1 the whole block; 0-3 one Huffman stream; 4 the sequences
+    int lazy, built[3], lane;  // lane: -1 the whole block; 4 all but the Huffman streams (zstd_literals walks those)
     int rs[3];
     long long need_c, need[3], minv[3];
 };
@@ -122,9 +126,16 @@ struct gz_bits { const unsigned char* q; long long pos, wlo; unsigned long long 
 __device__ unsigned long long gz_window(const unsigned char* q, long long pos, long long* wlo) {
     // the up to 8 bytes ending with the one that holds bit pos - 1 (pos > 0), little-endian; *wlo: the
     // position of its lowest bit
+    // The eight loads are independent (unrolled, predicated), so a refill waits for memory once, not
+    // eight times in turn.
     long long top = (pos - 1) >> 3, sb = top > 7 ? top - 7 : 0;
+    int n = (int)(top - sb) + 1;
     unsigned long long w = 0;
-    for (long long k = top; k >= sb; k--) w = (w << 8) | q[k];
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int k = 0; k < 8; k++)
+        if (k < n) w |= (unsigned long long)q[sb + k] << (8 * k);
     *wlo = 8 * sb;
     return w;
 }
@@ -201,18 +212,25 @@ __device__ void gz_fse_build(const short* norm, int nsym, int al, gz_fse* t) {
     }
 }
 
-__device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* used, gz_zstate* st) {
+__device__ long long gz_huf_tree_bytes(unsigned int hb) {
+    // 4.2.1: the bytes of a Huffman tree description, from its first byte
+    return hb >= 128 ? 1 + ((long long)hb - 127 + 1) / 2 : 1 + (long long)hb;
+}
+
+__device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* used, unsigned short* huf,
+                           int* huf_bits) {
     // 4.2.1: a Huffman tree description, weights decoded in full (at most 255 of them). Returns 0
     // when the weights make a complete prefix code of at most 11 bits, else 7; *used: its bytes.
-    // With ``st``, also builds its decoding table there (4.2.1.3: codes in order of increasing
-    // weight, then symbol, each taking 2^(weight - 1) consecutive entries of the table).
+    // With ``huf``, also builds its decoding table there, (symbol << 4) | code length by the next
+    // *huf_bits bits (4.2.1.3: codes in order of increasing weight, then symbol, each taking
+    // 2^(weight - 1) consecutive entries of the table).
     unsigned char w[256];
     int n = 0;
     if (avail < 1) return 7;
     unsigned int hb = q[0];
     if (hb >= 128) {  // 4-bit weights, stored directly
         n = (int)hb - 127;
-        long long bytes = (n + 1) / 2;
+        long long bytes = gz_huf_tree_bytes(hb) - 1;
         if (1 + bytes > avail) return 7;
         for (int k = 0; k < n; k++) { unsigned int b = q[1 + k / 2]; w[k] = (unsigned char)(k & 1 ? b & 15 : b >> 4); }
         *used = 1 + bytes;
@@ -256,29 +274,27 @@ __device__ int gz_huf_tree(const unsigned char* q, long long avail, long long* u
     if (rest & (rest - 1)) return 7;
     rank1 += gz_highbit(rest) == 0;
     if (rank1 < 2 || (rank1 & 1)) return 7;  // a complete code has an even number (>= 2) of longest codes
-    if (st) {
+    if (huf) {
         w[n++] = (unsigned char)(gz_highbit(rest) + 1);  // the last symbol's implied weight
         int at = 0;
         for (int wt = 1; wt <= maxbits; wt++)
             for (int k = 0; k < n; k++)
                 if (w[k] == wt) {
                     unsigned short e = (unsigned short)((k << 4) | (maxbits + 1 - wt));
-                    for (int r = 0; r < (1 << (wt - 1)); r++) st->huf[at++] = e;
+                    for (int r = 0; r < (1 << (wt - 1)); r++) huf[at++] = e;
                 }
-        st->huf_bits = at == (1 << maxbits) ? maxbits : 0;
-        if (!st->huf_bits) return 7;
+        *huf_bits = at == (1 << maxbits) ? maxbits : 0;
+        if (!*huf_bits) return 7;
     }
     return 0;
 }
 
-__device__ int gz_huf_stream(const unsigned char* bs, long long bl, long long count, const gz_zstate* st) {
+__device__ int gz_huf_stream(const unsigned char* bs, long long bl, long long count, const unsigned short* tab, int mb) {
     // 4.2.2: decode ``count`` literals of one Huffman stream (no output is written) and check that they
     // use its bits exactly: a stream read past its start, or with bits left over, is corrupt, and decoders
     // differ on what such a stream holds (libzstd's fast path reads the bytes before it). Returns 0 or 22.
     if (bl < 1 || bs[bl - 1] == 0) return 15;
     long long pos = 8 * (bl - 1) + gz_highbit(bs[bl - 1]);
-    int mb = st->huf_bits;
-    const unsigned short* tab = st->huf;
     // A window of the bits [wlo, pos) left-aligned in 64 bits: each literal is the window's top mb bits,
     // shifted out by its code length, zeros shifting in (below the stream's start, where wlo is 0). pos only
     // decreases, so reading past the start anywhere leaves it negative at the end: one check suffices.
@@ -453,76 +469,91 @@ __device__ int gz_sequences(const unsigned char* bs, long long bl, long long nse
     return 0;
 }
 
+__device__ int gz_lit_header(const unsigned char* q, long long bsize, long long bmax, int* ltype, int* sf,
+                             long long* lh, long long* lit, long long* lcs) {
+    // 3.1.1.3.1.1: a compressed block's literals section header: its type (0 raw, 1 RLE, 2 Huffman with a
+    // tree description, 3 treeless), size format, header bytes, literals regenerated and bytes the section
+    // spans after its header (a Huffman section's regenerated size is checked later, by the callers).
+    // Returns 0 when the section fits in its block, else a ZSTD_DEEP_REASONS code.
+    if (bsize < 2) return 3;
+    unsigned int b0 = q[0];
+    *ltype = b0 & 3; *sf = (b0 >> 2) & 3;
+    if (*ltype < 2) {  // raw or RLE literals
+        if (*sf == 1) { *lh = 2; *lit = (b0 >> 4) + ((long long)q[1] << 4); }
+        else if (*sf == 3) { *lh = 3; if (bsize < 3) return 4; *lit = (b0 >> 4) + ((long long)q[1] << 4) + ((long long)q[2] << 12); }
+        else { *lh = 1; *lit = b0 >> 3; }
+        *lcs = *ltype == 0 ? *lit : 1;
+        if (*lh + *lcs > bsize) return 4;
+        if (*lit > bmax) return 5;
+        return 0;
+    }
+    *lh = *sf < 2 ? 3 : *sf + 2;
+    if (*lh > bsize) return 4;
+    unsigned long long lhc = (unsigned long long)q[0] | ((unsigned long long)q[1] << 8) | ((unsigned long long)q[2] << 16);
+    if (*lh > 3) lhc |= (unsigned long long)q[3] << 24;
+    if (*lh == 3) { *lit = (lhc >> 4) & 0x3FF; *lcs = (lhc >> 14) & 0x3FF; }
+    else if (*lh == 4) { *lit = (lhc >> 4) & 0x3FFF; *lcs = (long long)(lhc >> 18); }
+    else { *lit = (lhc >> 4) & 0x3FFFF; *lcs = (long long)(lhc >> 22) + ((long long)q[4] << 10); }
+    if (*lh + *lcs > bsize) return 4;
+    return 0;
+}
+
+__device__ int gz_huf_streams(const unsigned char* hs, long long rest, int four, long long* at, long long* len) {
+    // 3.1.1.3.1.6: where a Huffman literals section's streams are, after its tree description (hs, rest
+    // bytes): one stream, or four behind a 6-byte jump table. Returns 0, 7 (an impossible jump table) or 15
+    // (a stream without its end marker).
+    if (!four) {
+        if (rest < 1) return 7;
+        if (!hs[rest - 1]) return 15;
+        at[0] = 0; len[0] = rest;
+        return 0;
+    }
+    if (rest < 10) return 7;
+    long long s1 = hs[0] | (hs[1] << 8), s2 = hs[2] | (hs[3] << 8), s3 = hs[4] | (hs[5] << 8);
+    if (s1 < 1 || s2 < 1 || s3 < 1 || s1 + s2 + s3 + 6 >= rest) return 7;
+    if (!hs[5 + s1] || !hs[5 + s1 + s2] || !hs[5 + s1 + s2 + s3] || !hs[rest - 1]) return 15;
+    at[0] = 6; len[0] = s1;
+    at[1] = 6 + s1; len[1] = s2;
+    at[2] = 6 + s1 + s2; len[2] = s3;
+    at[3] = 6 + s1 + s2 + s3; len[3] = rest - 6 - s1 - s2 - s3;
+    return 0;
+}
+
 __device__ int zstd_compressed_block(const unsigned char* q, long long bsize, long long bmax, int mode,
                                      gz_zstate* st, long long* lo, long long* hi) {
     // 3.1.1.3: a compressed block's literals section (header, Huffman tree description, stream sizes and
     // end markers; with mode 2 every literal) and sequences section (header, table descriptions, bit stream
     // end marker; with mode >= 1 the sequences themselves). Returns 0 when consistent, else a
-    // ZSTD_DEEP_REASONS code. A block walk's lane 0-3 checks the literals section and its own Huffman
-    // stream only, lane 4 everything but the Huffman streams.
-    if (bsize < 2) return 3;
-    int lane = st->lane, walk_lits = mode >= 2 && lane != 4;
-    unsigned int b0 = q[0];
-    int ltype = b0 & 3, sf = (b0 >> 2) & 3;
+    // ZSTD_DEEP_REASONS code. A block walk's lane 4 checks everything but the Huffman streams, which
+    // zstd_literals walks.
+    int walk_lits = mode >= 2 && st->lane < 0, ltype, sf;
     long long lh, lit, lcs;
-    if (ltype < 2) {  // raw or RLE literals
-        if (sf == 1) { lh = 2; lit = (b0 >> 4) + ((long long)q[1] << 4); }
-        else if (sf == 3) { lh = 3; if (bsize < 3) return 4; lit = (b0 >> 4) + ((long long)q[1] << 4) + ((long long)q[2] << 12); }
-        else { lh = 1; lit = b0 >> 3; }
-        lcs = ltype == 0 ? lit : 1;
-        if (lh + lcs > bsize) return 4;
-        if (lit > bmax) return 5;
-    } else {  // Huffman-coded literals (2: with a tree description, 3: treeless)
-        lh = sf < 2 ? 3 : sf + 2;
-        if (lh > bsize) return 4;
-        unsigned long long lhc = (unsigned long long)q[0] | ((unsigned long long)q[1] << 8) | ((unsigned long long)q[2] << 16);
-        if (lh > 3) lhc |= (unsigned long long)q[3] << 24;
-        if (lh == 3) { lit = (lhc >> 4) & 0x3FF; lcs = (lhc >> 14) & 0x3FF; }
-        else if (lh == 4) { lit = (lhc >> 4) & 0x3FFF; lcs = (long long)(lhc >> 18); }
-        else { lit = (lhc >> 4) & 0x3FFFF; lcs = (long long)(lhc >> 22) + ((long long)q[4] << 10); }
-        if (lh + lcs > bsize) return 4;
+    int bad = gz_lit_header(q, bsize, bmax, &ltype, &sf, &lh, &lit, &lcs);
+    if (bad) return bad;
+    if (ltype >= 2) {  // Huffman-coded literals (2: with a tree description, 3: treeless)
         int four = sf != 0;
         if (four && lit < 6) return 7;
         if (ltype == 3 && st->huf_at < 0) return 6;
         long long tree = 0;
         if (ltype == 2) {
             if (lcs < 1) return 7;
-            int bad = gz_huf_tree(q + lh, lcs, &tree, walk_lits ? st : 0);
+            bad = gz_huf_tree(q + lh, lcs, &tree, walk_lits ? st->huf : 0, &st->huf_bits);
             if (bad) return bad;
             if (tree >= lcs) return 7;
             st->huf_at = q + lh - st->frame; st->huf_len = lcs;
-        } else if (walk_lits && st->lazy && !st->huf_bits) {  // a block walk: the tree in force
-            long long u;
-            if (gz_huf_tree(st->frame + st->huf_at, st->huf_len, &u, st)) return 7;
         }
-        long long rest = lcs - tree;
-        const unsigned char* hs = q + lh + tree;
-        if (four) {
-            if (rest < 10) return 7;
-            long long s1 = hs[0] | (hs[1] << 8), s2 = hs[2] | (hs[3] << 8), s3 = hs[4] | (hs[5] << 8);
-            if (s1 < 1 || s2 < 1 || s3 < 1 || s1 + s2 + s3 + 6 >= rest) return 7;
-            if (!hs[5 + s1] || !hs[5 + s1 + s2] || !hs[5 + s1 + s2 + s3] || !hs[rest - 1]) return 15;
-            if (lit > bmax) return 5;
-            if (walk_lits && st->huf_bits) {  // 4.2.2: each of the four streams regenerates its share exactly
-                long long per = (lit + 3) / 4, s4 = rest - 6 - s1 - s2 - s3;
-                int bad = 0;
-                if (lane <= 0) bad = gz_huf_stream(hs + 6, s1, per, st);
-                if (!bad && (lane < 0 || lane == 1)) bad = gz_huf_stream(hs + 6 + s1, s2, per, st);
-                if (!bad && (lane < 0 || lane == 2)) bad = gz_huf_stream(hs + 6 + s1 + s2, s3, per, st);
-                if (!bad && (lane < 0 || lane == 3)) bad = gz_huf_stream(hs + 6 + s1 + s2 + s3, s4, lit - 3 * per, st);
-                if (bad) return bad;
-            }
-        } else {
-            if (rest < 1) return 7;
-            if (!hs[rest - 1]) return 15;
-            if (lit > bmax) return 5;
-            if (walk_lits && st->huf_bits && lane <= 0) {
-                int bad = gz_huf_stream(hs, rest, lit, st);
-                if (bad) return bad;
-            }
+        long long at[4], len[4];
+        bad = gz_huf_streams(q + lh + tree, lcs - tree, four, at, len);
+        if (bad) return bad;
+        if (lit > bmax) return 5;
+        if (walk_lits && st->huf_bits) {  // 4.2.2: each stream regenerates its share exactly
+            long long per = (lit + 3) / 4;
+            for (int k = 0; k < (four ? 4 : 1) && !bad; k++)
+                bad = gz_huf_stream(q + lh + tree + at[k], len[k], four ? (k < 3 ? per : lit - 3 * per) : lit,
+                                    st->huf, st->huf_bits);
+            if (bad) return bad;
         }
     }
-    if (lane >= 0 && lane < 4) return 0;  // a literal stream's lane is done
     long long pos = lh + lcs;
     if (pos >= bsize) return 8;
     unsigned int s0 = q[pos++];
@@ -578,7 +609,7 @@ struct gz_slot {
 };
 
 __device__ void gz_state_init(gz_zstate* st, const unsigned char* frame) {
-    st->seq_table = 0; st->out = 0; st->huf_bits = 0;
+    st->seq_table = 0; st->out = 0; st->huf_bits = 0; st->huf = 0;
     st->rep[0] = 1; st->rep[1] = 4; st->rep[2] = 8;
     st->rs[0] = st->rs[1] = st->rs[2] = -1;
     st->al[0] = st->al[1] = st->al[2] = 0;
@@ -635,7 +666,9 @@ __device__ void gz_frame_walk(const unsigned char* p, long long len, int mode, g
     long long lo = 0, hi = 0;
     int ns = 0;
     gz_zstate st;
+    unsigned short huf[2048];
     gz_state_init(&st, p);
+    st.huf = huf;
     while (1) {
         if (pos + 3 > len) { *len_out = pos + 3; break; }
         unsigned int h = p[pos] | (p[pos + 1] << 8) | (p[pos + 2] << 16);
@@ -679,8 +712,9 @@ extern "C" __global__ void zstd_frames(const unsigned char* src, const long long
 
 // The same verdicts as zstd_frames in mode 1 or 2, with the sequences and literals of every block walked by
 // threads of their own: zstd_plan (a thread per frame: headers, tables, the block list), zstd_blocks (a
-// thread per block and lane: the bit streams), zstd_combine (a thread per frame: the blocks' verdicts in
-// order, offsets against the bytes before each block, the frame's size). The same stream runs all three.
+// thread per block: its sequences), zstd_literals (mode 2: a thread per Huffman stream), zstd_combine (a
+// thread per frame: the blocks' verdicts in order, offsets against the bytes before each block, the frame's
+// size). The same stream runs all four.
 extern "C" __global__ void zstd_plan(const unsigned char* src, const long long* offs, const long long* sizes, int n,
                                      gz_slot* slots, int cap, int* nslots, long long* fcs_out, long long* len_out,
                                      int* deep_out) {
@@ -691,17 +725,15 @@ extern "C" __global__ void zstd_plan(const unsigned char* src, const long long* 
 }
 
 extern "C" __global__ void zstd_blocks(const unsigned char* src, const long long* offs, int n, gz_slot* slots,
-                                       int cap, const int* nslots, int mode, int lanes) {
-    // ``lanes`` 5: lanes 0-3 walk the Huffman streams (mode 2), lane 4 the sequences; 1: lane 4 only.
-    long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    long long j = t / lanes;
-    int lane = lanes == 1 ? 4 : (int)(t % lanes);
+                                       int cap, const int* nslots, int mode) {
+    // A thread per block of a frame (the plan's slots): everything but the Huffman streams (lane 4).
+    long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int i = (int)(j / cap), k = (int)(j % cap);
     if (i >= n || k >= nslots[i]) return;
     gz_slot* s = slots + j;
     if (s->known >= 0) return;
-    // The walk's tables are looked up once per literal and three times per sequence: the first
-    // GZ_LANE_SHARED threads of a CUDA block keep their state in shared memory, the others in local memory.
+    // The walk's tables are looked up three times per sequence: the first GZ_LANE_SHARED threads of a CUDA
+    // block keep their state in shared memory, the others in local memory.
 #if GZ_LANE_SHARED > 0
     __shared__ gz_zstate shared_st[GZ_LANE_SHARED];
     gz_zstate local_st;
@@ -711,18 +743,59 @@ extern "C" __global__ void zstd_blocks(const unsigned char* src, const long long
     gz_zstate* st = &local_st;
 #endif
     gz_state_init(st, src + offs[i]);
-    st->lazy = 1; st->lane = lane;
+    st->lazy = 1; st->lane = 4;
     st->seq_table = s->tab_mode[0] >= 0;
     st->rep[0] = st->rep[1] = st->rep[2] = 0;
     st->rs[0] = 0; st->rs[1] = 1; st->rs[2] = 2;
     st->huf_at = s->huf_at; st->huf_len = s->huf_len;
     for (int q = 0; q < 3; q++) { st->tab_at[q] = s->tab_at[q]; st->tab_len[q] = s->tab_len[q]; st->tab_mode[q] = s->tab_mode[q]; }
     long long lo = 0, hi = 0;
-    int code = zstd_compressed_block(st->frame + s->at, s->size, s->bmax, mode, st, &lo, &hi);
-    s->code[lane] = code;
-    if (lane != 4) return;
+    s->code[4] = zstd_compressed_block(st->frame + s->at, s->size, s->bmax, mode, st, &lo, &hi);
     s->regen = lo; s->need_c = st->need_c;
     for (int q = 0; q < 3; q++) { s->need[q] = st->need[q]; s->minv[q] = st->minv[q]; s->rv[q] = st->rep[q]; s->rs[q] = st->rs[q]; }
+}
+
+#ifndef GZ_LIT_SLOTS
+#define GZ_LIT_SLOTS 8  // zstd_literals: blocks of a frame per CUDA block (4 threads and one 4 KiB table each)
+#endif
+
+extern "C" __global__ void zstd_literals(const unsigned char* src, const long long* offs, int n, gz_slot* slots,
+                                         int cap, const int* nslots) {
+    // Mode 2's Huffman streams (4.2.2), four threads per block of a frame (launched with 4 * GZ_LIT_SLOTS
+    // threads per CUDA block): the first builds the block's decoding table in shared memory, then each walks
+    // its stream with it (gz_huf_stream) and writes its verdict to code[0-3]. A literals section that is
+    // not Huffman-coded, or is malformed, is left to zstd_blocks, which checks everything else about it.
+    __shared__ unsigned short tabs[GZ_LIT_SLOTS][2048];
+    __shared__ int bits[GZ_LIT_SLOTS];
+    long long j = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 2;
+    int lane = (int)(threadIdx.x & 3), ls = (int)(threadIdx.x >> 2);
+    int i = (int)(j / cap), k = (int)(j % cap), ltype = -1, sf = 0, streams = 0;
+    gz_slot* s = i < n && k < nslots[i] ? slots + j : 0;
+    const unsigned char* q = 0;
+    long long lh = 0, lit = 0, lcs = 0, tree = 0, at[4], len[4];
+    if (s && s->known < 0) {
+        q = src + offs[i] + s->at;
+        if (gz_lit_header(q, s->size, s->bmax, &ltype, &sf, &lh, &lit, &lcs) || ltype < 2 || lit > s->bmax
+            || (sf != 0 && lit < 6) || (ltype == 3 && s->huf_at < 0) || lcs < 1) ltype = -1;
+        if (ltype == 2) tree = gz_huf_tree_bytes(q[lh]);
+        if (ltype >= 2 && (tree >= lcs || gz_huf_streams(q + lh + tree, lcs - tree, sf != 0, at, len))) ltype = -1;
+        if (ltype >= 2) streams = sf != 0 ? 4 : 1;
+    }
+    if (lane == 0) {
+        bits[ls] = 0;
+        if (streams) {
+            const unsigned char* d = ltype == 2 ? q + lh : src + offs[i] + s->huf_at;
+            long long u;
+            int bad = gz_huf_tree(d, ltype == 2 ? lcs : s->huf_len, &u, tabs[ls], &bits[ls]);
+            if (bad) { bits[ls] = 0; s->code[0] = bad; }
+        }
+    }
+    __syncthreads();
+    if (lane >= streams || !bits[ls]) return;
+    long long per = (lit + 3) / 4;
+    int code = gz_huf_stream(q + lh + tree + at[lane], len[lane], streams == 1 ? lit : (lane < 3 ? per : lit - 3 * per),
+                             tabs[ls], bits[ls]);
+    if (code) s->code[lane] = code;
 }
 
 extern "C" __global__ void zstd_combine(const unsigned char* src, const long long* offs, const long long* sizes,

@@ -95,7 +95,7 @@ def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
         _warn_cpu_fallback(repr(unsupported), spec.name)
     if unsupported is not None or block.size * spec.dtype.itemsize < gpu_min_batch_bytes():
         # a small block: one nvCOMP encode call costs more than the CPU encode threads take for it
-        host = cupy.asnumpy(cupy.asarray(block), stream=stream)
+        host = cupy.asnumpy(block, stream=stream)  # a numpy block stays as it is
         stream.synchronize()
         return CpuBlockEncoder(writer, host)
     block = cupy.asarray(block)  # numpy blocks with device="gpu" go up once

@@ -30,7 +30,7 @@ from . import host_checks
 from .pipeline import CodecPipeline
 from ..config import deflate_check, gpu_min_batch_bytes, gpu_min_batch_chunks
 from ..errors import ChunkDecodeError
-from ..runtime.cuda import settle
+from ..runtime.cuda import pinned_empty, settle
 from ..runtime.memory import is_out_of_memory
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -540,7 +540,7 @@ def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[
     from ..runtime.threads import decode_pool
 
     layout0 = pipeline.layouts[0]
-    chunks = np.empty((len(keys), *layout0.shape), dtype=layout0.dtype)
+    chunks = pinned_empty((len(keys), *layout0.shape), layout0.dtype)  # the copy up runs at DMA speed
 
     def put(i: int, arr: np.ndarray) -> None:
         chunks[i] = arr
@@ -548,7 +548,7 @@ def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[
     pipeline.decode_batch([host[o : o + n] for o, n in zip(offsets, sizes)], keys, decode_pool(), sink=put)
     dev = cupy.empty(chunks.shape, dtype=chunks.dtype)
     dev.set(chunks, stream=stream)
-    stream.synchronize()  # ``chunks`` is pageable host memory, freed on return
+    stream.synchronize()  # ``chunks`` goes back to the pinned pool on return: the copy must be done
     return dev
 
 

@@ -157,15 +157,25 @@ def io_retry_delay() -> float:
 dask.config.update_defaults({"gpuzarr": {"write": {"batch-size": None}}})
 
 
-def write_batch_bytes() -> int | None:
-    """``gpuzarr.write.batch-size`` in bytes, or None (one batch per block)."""
+def _size_setting(key: str, default: object) -> int:
+    """A size setting in bytes: an int or a string such as "32 MiB"; 0 (or None, "none") means none.
+
+    A negative size raises ``ValueError`` naming the key.
+    """
     from dask.utils import parse_bytes
 
-    v = dask.config.get("gpuzarr.write.batch-size", None)
-    if v in (None, 0, "0", "", "none", "None"):
-        return None
+    v = dask.config.get(key, default)
+    if v in (None, "", "none", "None"):
+        return 0
     n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
-    return n if n > 0 else None
+    if n < 0:
+        raise ValueError(f"{key} must be a size of at least 0, not {v!r}")
+    return n
+
+
+def write_batch_bytes() -> int | None:
+    """``gpuzarr.write.batch-size`` in bytes, or None (one batch per block)."""
+    return _size_setting("gpuzarr.write.batch-size", None) or None
 
 
 dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB", "min-batch-chunks": 8}}})
@@ -173,15 +183,7 @@ dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB", "min-bat
 
 def gpu_min_batch_bytes() -> int:
     """``gpuzarr.gpu.min-batch`` in bytes: GPU batches of fewer decompressed bytes are coded on the CPU."""
-    from dask.utils import parse_bytes
-
-    v = dask.config.get("gpuzarr.gpu.min-batch", "32 MiB")
-    if v in (None, "", "none", "None"):
-        return 0
-    n = int(parse_bytes(v)) if isinstance(v, str) else int(v)
-    if n < 0:
-        raise ValueError(f"gpuzarr.gpu.min-batch must be a size of at least 0, not {v!r}")
-    return n
+    return _size_setting("gpuzarr.gpu.min-batch", "32 MiB")
 
 
 def gpu_min_batch_chunks() -> int:

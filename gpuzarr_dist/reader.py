@@ -91,9 +91,12 @@ class BlockReader:
                 try:
                     out = read_plan_gpu(self, plan)
                 except Exception as e:
-                    # once more after the pool's cached blocks go back to CUDA (nvCOMP allocates outside the pool)
-                    if not is_out_of_memory(e) or isinstance(e, GpuOutOfMemoryError) or not release_cached_device_memory():
+                    # once more after the pool's cached blocks go back to CUDA (nvCOMP allocates outside the
+                    # pool), even where this thread's release found nothing: tasks that fail at the same time
+                    # race for it, and the one that released the blocks frees them for all
+                    if not is_out_of_memory(e) or isinstance(e, GpuOutOfMemoryError):
                         raise
+                    release_cached_device_memory()
                     out = read_plan_gpu(self, plan)
             except Exception as e:
                 if is_out_of_memory(e) and not isinstance(e, GpuOutOfMemoryError):

@@ -282,6 +282,7 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
 
     from ..assemble import plan_selection
     from ..graph import from_zarr_gpu
+    from ..runtime.memory import release_cached_device_memory
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")
     reader = next(iter(x.dask.values())).args[0].value
@@ -316,5 +317,7 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
                 list(pool.map(fn, sels))
                 _sync(device)
                 row.append(nbytes / (time.perf_counter() - t0) / 1e9)
+            if device == "gpu":  # each pool's threads leave their streams' cached blocks behind
+                release_cached_device_memory()
         lines.append(f"  {name:<18}" + "".join(f"{v:8.1f}" for v in row))
     return lines

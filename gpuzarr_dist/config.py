@@ -195,7 +195,7 @@ def gpu_min_batch_chunks() -> int:
     return n
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"zstd-check": "sequences"}}})
+dask.config.update_defaults({"gpuzarr": {"gpu": {"zstd-check": "literals"}}})
 
 #: values of ``gpuzarr.gpu.zstd-check`` (see README, "Reliability")
 ZSTD_CHECKS = ("headers", "sequences", "literals")
@@ -206,32 +206,30 @@ def zstd_check() -> str:
 
     ``"headers"``: frame and block headers, literals and sequences section
     headers, Huffman tree descriptions (weights decoded in full), FSE table
-    descriptions and the end markers of every bit stream. ``"sequences"``
-    (default): also decodes every sequence's codes (no output), so that
-    offsets, lengths and the bit stream's exact length are checked too.
-    ``"literals"``: also decodes every Huffman-coded literal (no output) and
-    sends frames whose literal streams are not used up exactly to the CPU
-    decoder (libzstd accepts some, and decoders disagree on what they hold).
+    descriptions and the end markers of every bit stream. ``"sequences"``:
+    also decodes every sequence's codes (no output), so that offsets,
+    lengths and the bit stream's exact length are checked too.
+    ``"literals"`` (default): also decodes every Huffman-coded literal (no
+    output) and sends frames whose literal streams are not used up exactly
+    to the CPU decoder (libzstd accepts some, and decoders disagree on what
+    they hold).
 
     Modes 1 and 2 walk every block of a frame in a thread of its own (and
-    each Huffman stream of a block in ``literals``) between a plan and a
-    combine per frame, with the one-thread walk's verdicts. Measured on one
-    H200 (``tools/gpu_check_zstd9.py``, ERA5-like chunks of 4.15 MB, one
-    batch of 64 / 225): walk 2.2-2.6 / 2.3-2.6 ms (headers), 7.7 / 12.3 ms
-    (sequences), 22.5 / 61-67 ms (literals), against 31 / 53 ms for the
-    batch's ``decode_batch_gpu``. In the GPU fuzz (``tools/gpu_fuzz.py``,
-    60,000 damaged chunks over 18 codec chains) ``sequences`` had no hang
-    and no crash, and 72 zstd frames decoded to other bytes than libzstd's
-    (61 that libzstd also decodes, to other bytes, 11 that it rejects); with
-    ``literals`` the same 60,000 cases had none.
-    ``headers`` let damaged frames reach nvCOMP's zstd decoder, which hung 29
-    times in 12,000. A hung kernel cannot be stopped and ``literals`` halves
-    the zstd read rate (``bench read``: 7.9 against 15.5 GB/s), so the
-    default is ``sequences``; ``headers`` is for data you trust,
-    ``literals`` for data you do not (decoded exactly as libzstd decodes it,
-    or on the CPU).
+    each Huffman stream of a block in ``literals``, four threads a block
+    sharing its table in shared memory) between a plan and a combine per
+    frame, with the one-thread walk's verdicts. Measured on one H100
+    (``tools/gpu_check_zstd9.py --chunks 225``, ERA5-like chunks of 4.15 MB):
+    walk 2.3-2.8 ms (headers), 11.0-11.6 ms (sequences), 19.1-21.2 ms
+    (literals), against 53-62 ms for the batch's ``decode_batch_gpu``. In
+    the GPU fuzz (``tools/gpu_fuzz.py``, damaged chunks over 18 codec
+    chains) ``literals`` had no wrong value, crash or hang in 132,000 cases;
+    ``sequences`` let 72 of 60,000 zstd frames decode to other bytes than
+    libzstd's (61 that libzstd also decodes, to other bytes, 11 that it
+    rejects); ``headers`` let damaged frames reach nvCOMP's zstd decoder,
+    which hung 29 times in 12,000. A hung kernel cannot be stopped, so
+    ``headers`` is only for data you trust.
     """
-    v = str(dask.config.get("gpuzarr.gpu.zstd-check", "sequences")).strip().lower()
+    v = str(dask.config.get("gpuzarr.gpu.zstd-check", "literals")).strip().lower()
     if v not in ZSTD_CHECKS:
         raise ValueError(f"gpuzarr.gpu.zstd-check must be one of {', '.join(ZSTD_CHECKS)}, not {v!r}")
     return v

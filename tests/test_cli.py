@@ -200,7 +200,7 @@ def test_bench_read_quick(tmp_path, capsys):
     code, out, err = run_cli(capsys, "bench", "read", "--quick", "--device", "cpu", "--out", str(tmp_path / "res"),
                              "--path", str(tmp_path / "data" / "era5.zarr"))
     assert code == 0, err
-    assert "zstd check sequences" in out  # the GPU walks' depth is printed with the figures it shapes
+    assert "zstd check literals" in out  # the GPU walks' depth is printed with the figures it shapes
     for stem, driver_row in (("bench-read", "tensorstore"), ("bench-read-blosc", "tensorstore")):
         with open(tmp_path / "res" / f"{stem}.json") as f:
             result = json.load(f)
@@ -211,7 +211,7 @@ def test_bench_read_quick(tmp_path, capsys):
             assert any(n.startswith("ceiling") and c == cache for n, c in rows)
             assert any(n.startswith(driver_row) and c == cache for n, c in rows)
         assert all(r["gbps"] > 0 for r in result["rows"])
-        assert result["meta"]["zstd_check"] == "sequences" and result["meta"]["time_steps"] == 8
+        assert result["meta"]["zstd_check"] == "literals" and result["meta"]["time_steps"] == 8
     assert "reaches" in out and "of the file-read ceiling" in out
 
 

@@ -435,14 +435,15 @@ def test_fuzz_cases_where_nvcomp_and_libzstd_disagreed_are_flagged_in_literals_m
     assert "Huffman" in ZSTD_DEEP_REASONS[22]
 
 
-def test_default_zstd_check_is_sequences_and_values_are_checked():
-    """The default keeps damaged frames from nvCOMP's zstd decoder, which hung on frames the header walk passed."""
+def test_default_zstd_check_is_literals_and_values_are_checked():
+    """The default keeps damaged frames from nvCOMP's zstd decoder, which hung on frames the header walk passed
+    and decoded frames with damaged literal streams to other bytes than libzstd under the sequences walk."""
     import dask
 
     from gpuzarr_dist.codecs.kernels import ZSTD_CHECK_MODES
     from gpuzarr_dist.config import ZSTD_CHECKS, zstd_check
 
-    assert zstd_check() == "sequences"
+    assert zstd_check() == "literals"
     assert set(ZSTD_CHECKS) == set(ZSTD_CHECK_MODES)
     for mode in ZSTD_CHECKS:
         with dask.config.set({"gpuzarr.gpu.zstd-check": mode.upper()}):

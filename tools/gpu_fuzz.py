@@ -1010,7 +1010,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="supervisors side by side, each with its own children and journal (default: gpu "
                         "min(6, CPUs/2), cpu 1)")
     p.add_argument("--zstd-check", choices=["headers", "sequences", "literals"], default="literals",
-                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: literals, the deepest)")
+                   help="gpuzarr.gpu.zstd-check for the decoders under test (default: literals, the library's default)")
     p.add_argument("--stall", type=float, default=15.0, help="seconds without progress before a child counts as hung")
     p.add_argument("--replay", metavar="FILE", help="decode the batch of one saved crash-<case>.json, in this process")
     p.add_argument("--sanitize", type=int, default=0, metavar="N",

@@ -89,6 +89,15 @@ def split_shape(shape: tuple[int, ...], itemsize: int, target: int) -> tuple[int
     return tuple(out)
 
 
+def block_chunks(block: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """The default Zarr chunk shape for blocks of shape ``block``: the block itself up to
+    :data:`MAX_CHUNK_FROM_BLOCK`, else the block split into chunks of about :data:`SPLIT_CHUNK_BYTES`
+    that divide it (so one block's write is one batch of many chunks)."""
+    if math.prod(block) * itemsize <= MAX_CHUNK_FROM_BLOCK:
+        return tuple(block)
+    return split_shape(block, itemsize, SPLIT_CHUNK_BYTES)
+
+
 def _block_shape(x: da.Array) -> tuple[int, ...]:
     return tuple(max(c) if c else 0 for c in x.chunks)
 
@@ -122,10 +131,8 @@ def plan_layout(x: da.Array, chunks: Any, shards: Any) -> tuple[tuple[int, ...],
             shard = tuple(-(-s // c) * c for s, c in zip(shard, chunk))
     elif shard is not None:
         chunk = split_shape(shard, item, INNER_CHUNK_BYTES)
-    elif math.prod(block) * item <= MAX_CHUNK_FROM_BLOCK:
-        chunk = block
     else:
-        chunk = split_shape(block, item, SPLIT_CHUNK_BYTES)
+        chunk = block_chunks(block, item)
     if shard is not None and any(s % c for s, c in zip(shard, chunk)):
         raise ValueError(f"shards {shard} must be whole multiples of the chunks {chunk}")
     return chunk, shard

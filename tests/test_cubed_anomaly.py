@@ -191,3 +191,53 @@ def test_proxy_leaves_unknown_structured_arrays_to_cubed(tmp_path):
     import cloudpickle
 
     assert cloudpickle.loads(cloudpickle.dumps(q))._opened is None  # reopened where it is unpickled
+
+
+# -- gc.to_zarr: the output laid out for batched encodes --------------------------------------
+
+
+def test_output_chunks_rule():
+    from gpuzarr_dist.cubed.output import output_chunks
+
+    assert output_chunks((72, 181, 360), 4, None, "t") == (12, 181, 360)  # 18.8 MB: ~4 MiB chunks dividing it
+    assert output_chunks((8, 10, 10), 4, None, "t") == (8, 10, 10)  # small: the block is the chunk
+    assert output_chunks((8, 10, 10), 4, (4, -1, 5), "t") == (4, 10, 5)
+    with pytest.raises(ValueError, match=r"t: chunks \(3, 10, 10\) do not divide .* axis 0"):
+        output_chunks((8, 10, 10), 4, (3, 10, 10), "t")
+
+
+def test_to_zarr_writes_whole_chunk_batches_that_zarr_reads(series, tmp_path):
+    import zarr
+
+    from gpuzarr_dist.cubed import storage
+    from gpuzarr_dist.errors import ArrayExistsError
+
+    path, ref, allowed = series
+    s = gc.spec(allowed, str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(path, spec=s)
+    block = tuple(x.chunksize)
+    chunks = tuple(max(1, b // 2) if b % 2 == 0 else b for b in block)
+    assert chunks != block  # several chunks per task's block
+    out = str(tmp_path / "anomaly.zarr")
+    storage.reset_write_stats()
+    z = gc.to_zarr(x - xp.mean(x, axis=0), out, chunks=chunks)
+    assert tuple(z.chunks) == chunks
+    stats = storage.write_stats()
+    assert stats["zarr_writes"] == 0 and stats["blocks_encoded"] >= x.npartitions
+    got = zarr.open_array(out, mode="r")[:]
+    np.testing.assert_allclose(got, ref - ref.astype("f8").mean(0), rtol=1e-5, atol=1e-5)
+    assert zarr.open_array(out, mode="r").metadata.codecs[-1].to_dict()["name"] == "zstd"
+    with pytest.raises(ArrayExistsError, match="anomaly.zarr"):
+        gc.to_zarr(x, out)
+    z = gc.to_zarr(x, out, overwrite=True, codec="gzip", optimize_function=gc.optimize_dag)
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], ref)
+    assert tuple(z.chunks) == block
+
+
+def test_to_zarr_refuses_chunks_across_blocks(series, tmp_path):
+    path, _, allowed = series
+    s = gc.spec(allowed, str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(path, spec=s)
+    bad = (x.chunksize[0] + 1,) + tuple(x.chunksize[1:])
+    with pytest.raises(ValueError, match="do not divide the array's blocks"):
+        gc.to_zarr(x, str(tmp_path / "o.zarr"), chunks=bad)

@@ -1,12 +1,13 @@
 """gpuzarr-dist's Cubed variant: bounded-memory plans whose tasks read, decode and compute on the GPU.
 
 ```python
-import gpuzarr_dist.cubed as gc           # imports neither cubed nor cupy
+import gpuzarr_dist.cubed as gc           # does not import cubed
 
 spec = gc.spec("4 GB", work_dir="/scratch/tmp")   # per-task GPU memory; sets cubed's backend to cupy
 x = gc.from_zarr_gpu("era5.zarr", "t2m", spec=spec)  # a cubed.Array read through nvCOMP batches
 anomaly = x - x.mean(axis=0)
-anomaly.compute(callbacks=[gc.progress_bar()])
+gc.to_zarr(anomaly, "anomaly.zarr", callbacks=[gc.progress_bar()])   # chunks that batch-encode
+
 ```
 
 Cubed reads its array backend from ``CUBED_BACKEND_ARRAY_API_MODULE`` once,
@@ -21,6 +22,7 @@ from typing import Any
 
 from .backend import CubedBackendError, use_backend, worker_environ
 from .memory import default_reserved_mem
+from .output import to_zarr
 from .reader import MemoryBudgetError, from_zarr_gpu
 from .spec import spec
 
@@ -60,6 +62,7 @@ __all__ = [
     "optimize_dag",
     "progress_bar",
     "spec",
+    "to_zarr",
     "use_backend",
     "worker_environ",
 ]

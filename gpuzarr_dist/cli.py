@@ -137,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     cub.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     cub.add_argument("--threads", metavar="N", type=_positive_int, help="threads per row (default: min(16, CPUs))")
     cub.add_argument("--no-progress", action="store_true", help="no progress bars")
+    cub.add_argument("--rows", metavar="ROWS", help="comma-separated rows to run (default: all): ours-cubed, "
+                     "ours-dask, cubed-cpu")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     _add_cluster_parser(sub)
     return parser

@@ -369,9 +369,17 @@ def test_distributed_executor_without_client_says_so(series, tmp_path):
 
 
 def test_import_imports_neither_cubed_nor_cupy():
+    """Not cubed (its backend is chosen later); cupy only as far as dask.array itself imports it.
+
+    ``dask.array`` imports cupy at its own import where cupy is installed
+    (``dask.array.chunk_types``), so on a GPU machine cupy is there either way.
+    """
+    r = _run("import sys, dask.array; print('cupy' in sys.modules)")
+    assert r.returncode == 0, r.stderr
+    dask_imports_cupy = r.stdout.split()[-1]
     r = _run("import sys, gpuzarr_dist.cubed; print('cubed' in sys.modules, 'cupy' in sys.modules)")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["False", "False"]
+    assert r.stdout.split() == ["False", dask_imports_cupy]
 
 
 def test_backend_set_before_cubed_import():
@@ -421,3 +429,14 @@ def test_cli_bench_cubed_quick(tmp_path):
     for r in kinds.values():
         assert "error" not in r, r
         assert r["err_mean"] < 1e-3 and r["err_anomaly"] < 1e-3
+    oc = kinds["ours-cubed"]
+    assert oc["anomaly_one_chunk_s"] > 0 and oc["out_chunks"]  # gc.to_zarr and cubed.to_zarr, both checked
+
+
+def test_cli_bench_cubed_rows():
+    from gpuzarr_dist.bench.cubed import ROWS, selected_rows
+
+    assert selected_rows(None) == list(ROWS)
+    assert selected_rows("cubed-cpu, ours-cubed") == ["ours-cubed", "cubed-cpu"]  # in the table's order
+    with pytest.raises(SystemExit, match="unknown row.*'gpu-cubed'.*choose from ours-cubed"):
+        selected_rows("gpu-cubed")

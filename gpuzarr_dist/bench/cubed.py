@@ -6,7 +6,8 @@ or cupy) at import, so our GPU Cubed and plain CPU Cubed cannot share one.
 Each child computes the mean once untimed (the process's one-time costs:
 CUDA context, compiled kernels, pools), then times ``mean(x, axis=0)``
 (computed into memory) and ``x - mean(x, axis=0)`` (written to a Zarr store,
-so the anomaly never has to fit in memory), checks the mean against a
+so the anomaly never has to fit in memory: by :func:`gpuzarr_dist.cubed.to_zarr` for
+our variant, also once by ``cubed.to_zarr`` for comparison), checks the mean against a
 float64 numpy mean and three time steps of the anomaly against numpy, and
 prints one JSON line.
 """
@@ -126,16 +127,22 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             res["mean_s"] = time.perf_counter() - t
             ops = gc.OpTimings()  # per-operation tasks, seconds, bytes: where the anomaly's time goes
             t = time.perf_counter()
-            cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs + [ops])
+            z = gc.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs + [ops])  # chunks that batch-encode
             res["anomaly_s"] = time.perf_counter() - t
             res["anomaly_ops"] = ops.rows()
+            res["out_chunks"] = list(z.chunks)
             # the same with gc.optimize_dag (the mean computed once, not inside every subtract task)
             opt_path = os.path.join(work, "anomaly-opt.zarr")
             ops = gc.OpTimings()
             t = time.perf_counter()
-            cubed.to_zarr(x - xp.mean(x, axis=0), opt_path, callbacks=cbs + [ops], optimize_function=gc.optimize_dag)
+            gc.to_zarr(x - xp.mean(x, axis=0), opt_path, callbacks=cbs + [ops], optimize_function=gc.optimize_dag)
             res["anomaly_opt_s"] = time.perf_counter() - t
             res["anomaly_opt_ops"] = ops.rows()
+            # and with optimize_dag through cubed.to_zarr: one Zarr chunk per block, each task encodes one chunk
+            one_path = os.path.join(work, "anomaly-one-chunk.zarr")
+            t = time.perf_counter()
+            cubed.to_zarr(x - xp.mean(x, axis=0), one_path, callbacks=cbs, optimize_function=gc.optimize_dag)
+            res["anomaly_one_chunk_s"] = time.perf_counter() - t
             res["peak_task_bytes"] = max(peaks) if peaks else None
             res["reserved_mem"] = s.reserved_mem
             res["blocks"] = [list(c[:2]) for c in x.chunks]
@@ -181,8 +188,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
         else:
             raise ValueError(f"unknown row {kind!r}")
         res["err_mean"], res["err_anomaly"] = _check(path, out_path, m)
-        if "anomaly_opt_s" in res:
-            res["err_anomaly"] = max(res["err_anomaly"], _check(path, os.path.join(work, "anomaly-opt.zarr"), m)[1])
+        for key, name in (("anomaly_opt_s", "anomaly-opt.zarr"), ("anomaly_one_chunk_s", "anomaly-one-chunk.zarr")):
+            if key in res:
+                res["err_anomaly"] = max(res["err_anomaly"], _check(path, os.path.join(work, name), m)[1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return res
@@ -205,6 +213,17 @@ def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progre
         err = (p.stderr or "").strip().splitlines()[-5:]
         return {"kind": kind, "error": f"exit {p.returncode}: " + " | ".join(err)}
     return json.loads(lines[-1])
+
+
+def selected_rows(rows: str | None) -> list[str]:
+    """The rows ``--rows`` names (comma-separated), in ``ROWS`` order; all of them by default."""
+    if not rows:
+        return list(ROWS)
+    names = [r.strip() for r in rows.split(",") if r.strip()]
+    unknown = [r for r in names if r not in ROWS]
+    if unknown or not names:
+        raise SystemExit(f"bench cubed: unknown row(s) {unknown or rows!r}; choose from {', '.join(ROWS)}")
+    return [r for r in ROWS if r in names]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -233,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"writing float32 {shape}, chunks {chunks}, zstd ({format_bytes(nbytes)}) ...", file=sys.stderr)
         write_data(path, shape, chunks)
         rows = []
-        for kind in ROWS:
+        for kind in selected_rows(getattr(args, "rows", None)):
             print(f"running {ROWS[kind]} ...", file=sys.stderr, flush=True)
             rows.append(_spawn(kind, path, allowed, device, threads, progress))
     finally:
@@ -275,6 +294,9 @@ def format_result(res: dict) -> str:
             go = n / r["anomaly_opt_s"] / 1e9
             rate["ours-cubed-opt"] = (gm, go)
             lines.append(f"{'  same, to_zarr(..., optimize_function=gc.optimize_dag)':<62} {gm:>10.3f} {go:>13.3f}")
+        if r.get("anomaly_one_chunk_s"):
+            g1 = n / r["anomaly_one_chunk_s"] / 1e9
+            lines.append(f"{'  same, by cubed.to_zarr (one Zarr chunk per block)':<62} {gm:>10.3f} {g1:>13.3f}")
     warm = [f"{r['kind']} {r['warmup_s']:.2f}" for r in res["rows"] if r.get("warmup_s") is not None]
     if warm:
         lines.append("first mean of each process, untimed above (CUDA context, kernels, pools), seconds: "
@@ -309,7 +331,8 @@ def format_result(res: dict) -> str:
             if oc.get(key):
                 tasks = sum(r["tasks"] for r in oc[key] if r["kind"] != "create-arrays")
                 lines.append(f"Cubed variant's anomaly per operation ({what}; blocks {oc.get('blocks')}, "
-                             f"{tasks} tasks; source {oc.get('source')}):")
+                             f"{tasks} tasks; output chunks {tuple(oc.get('out_chunks') or ())}; "
+                             f"source {oc.get('source')}):")
                 lines.append(format_rows(oc[key]))
         if dk and dk.get("anomaly_tasks"):
             lines.append(f"dask path's anomaly: {dk['anomaly_tasks']} tasks in the graph, blocks {dk.get('blocks')}")

@@ -3,7 +3,8 @@
 ``import gpuzarr_dist`` also makes :func:`from_zarr_gpu` available as
 ``dask.array.from_zarr_gpu``; :func:`open_dataset` (and xarray's
 ``engine="gpuzarr"``) opens a Zarr store as an xarray Dataset whose data
-variables it reads. Importing needs no GPU and never imports cupy.
+variables it reads. Importing needs no GPU, and no module of gpuzarr-dist imports
+cupy at import (``dask.array`` itself does, where cupy is installed).
 """
 
 from __future__ import annotations

@@ -132,6 +132,22 @@ def test_index_at_end_is_a_suffix_range_and_data_only_the_needed_bytes(tree, htt
     assert hi - lo + 1 < 400  # one compressed inner chunk of 200 bytes, not the shard
 
 
+@pytest.mark.parametrize("name", ["end.zarr", "start.zarr", "partial.zarr", "ts_end.zarr"])
+def test_a_shard_needed_whole_is_one_request(tree, http, name):
+    """A block needing every inner chunk of a shard GETs the object once, index included; no index range."""
+    _, faults = http
+    faults.clear()
+    x = gz.from_zarr_gpu(f"{http[0]}/{name}", device=dev(), chunks=SHAPE)  # one block: every shard whole
+    assert_same(compute_checked(x), tree[1][name])
+    shard_requests = [(p, r) for p, r in faults.requests if "/c/" in p]
+    paths = [p for p, _ in shard_requests]
+    assert shard_requests and len(paths) == len(set(paths)), shard_requests  # one request per shard object
+    assert all(r is None for _, r in shard_requests), shard_requests  # whole objects, not ranges
+    faults.clear()  # part of a shard: its index (a range) and then the chunks' range, as before
+    assert_same(compute_checked(x[1:2, 0:10, 0:5]), tree[1][name][1:2, 0:10, 0:5])
+    assert any(r is not None for p, r in faults.requests if "/c/" in p), faults.requests
+
+
 def test_many_requests_in_flight_per_task(tree, http):
     _, faults = http
     faults.clear()
@@ -257,8 +273,8 @@ def test_404_on_a_shard_is_a_missing_shard_and_404_after_its_index_is_an_error(t
         assert_same(got, expected)
         faults.clear()
         faults.set("end.zarr/c/1/1/1", 404, after=1)  # the index read, then the object is gone
-        with pytest.raises(gz.ChunkReadError) as info:
-            gz.from_zarr_gpu(f"{http[0]}/end.zarr", device=dev()).compute()
+        with pytest.raises(gz.ChunkReadError) as info:  # part of the shard: its index, then a range
+            gz.from_zarr_gpu(f"{http[0]}/end.zarr", device=dev())[:, :, :35].compute()
         assert "c/1/1/1[" in str(info.value) and f"{http[0]}/end.zarr" in str(info.value)
     finally:
         faults.clear()
@@ -269,11 +285,16 @@ def test_transient_503_is_retried(tree, http):
     faults.clear()
     faults.set("end.zarr/c/0/1/0", 503, times=2)
     faults.set("end.zarr/c/1/0/0", 500, times=1, after=1)
+    sel = np.s_[:, :, 5:]  # the shards at x 0-20 without their first inner chunks: index, then data ranges
     try:
         with dask.config.set({"gpuzarr.remote.backoff": 0.01}):
             x = gz.from_zarr_gpu(f"{http[0]}/end.zarr", device=dev())
-            assert_same(compute_checked(x), tree[1]["end.zarr"])
-        assert sum(p == "/end.zarr/c/0/1/0" for p, _ in faults.requests) >= 4  # 2 failures, index, data
+            assert_same(compute_checked(x[sel]), tree[1]["end.zarr"][sel])
+            assert sum(p == "/end.zarr/c/0/1/0" for p, _ in faults.requests) >= 4  # 2 failures, index, data
+            faults.clear()
+            faults.set("end.zarr/c/0/1/0", 503, times=2)
+            assert_same(compute_checked(x), tree[1]["end.zarr"])  # shards needed whole: one GET each, retried
+            assert sum(p == "/end.zarr/c/0/1/0" for p, _ in faults.requests) == 3  # 2 failures, the object
     finally:
         faults.clear()
 

@@ -74,6 +74,11 @@ class ChunkStore(ABC):
     #: small for local files (a system call is cheap), larger for object stores (a request is not)
     merge_gap_default: int = 64 * 1024
 
+    #: a call that needs every inner chunk of a shard reads that shard object whole, in one request that
+    #: also brings its index (instead of an index read, then a range read): for object stores, where a
+    #: request costs a round trip; local files read the index and scatter the ranges into place instead
+    whole_shards: bool = False
+
     def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each :class:`~.ranges.ByteRange`, ``None`` where the object is absent.
 

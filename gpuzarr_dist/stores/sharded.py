@@ -113,7 +113,7 @@ class ShardedChunkStore(ChunkStore):
         ShardIndex(spec)  # fail early, in the client, on index codecs we cannot read
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_index": None, "index_cache": None, "_inner_no": {}}  # a copy elsewhere reads its own indexes
+        return {**self.__dict__, "_index": None, "index_cache": None, "_inner_no": {}, "_inner_count": {}}  # a copy elsewhere reads its own indexes
 
     @property
     def index(self) -> ShardIndex:
@@ -235,10 +235,13 @@ class ShardedChunkStore(ChunkStore):
         shards, which, inner = self._parse(keys)
         n = len(keys)
         timed("shards: parse keys")
+        whole = self._read_whole_shards(shards, which, inner, keys)
+        timed("whole shard reads")
         try:
-            indexes = self.read_indexes(shards)
+            indexes = self.read_indexes([s for s in shards if s not in whole])
         except ChunkReadError as e:
             raise self._name_chunk(e, keys, "reading the index") from None
+        indexes.update((s, ix) for s, (ix, _) in whole.items())
         timed("index reads")
         count = self.index.count
         table = np.full((max(len(shards), 1), count, 2), -1, dtype=np.int64)
@@ -256,7 +259,15 @@ class ShardedChunkStore(ChunkStore):
         timed("range planning")
         buf = staging(total)
         timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
-        reads = self._plan_reads(shards, which, offs, sizes, dests)
+        from_whole = np.isin(which, [j for j, s in enumerate(shards) if s in whole]) if whole else None
+        if from_whole is not None:
+            self._copy_from_whole(buf, whole, keys, shards, which, offs, sizes, dests, from_whole)
+            rest = ~from_whole
+            which, offs, sizes_r, dests_r = which[rest], offs[rest], sizes[rest], dests[rest]
+        else:
+            sizes_r, dests_r = sizes, dests
+        timed("whole shard copies")
+        reads = self._plan_reads(shards, which, offs, sizes_r, dests_r)
         timed("range planning")
         try:
             got = self.base.read_ranges_into(reads, buf)
@@ -266,6 +277,78 @@ class ShardedChunkStore(ChunkStore):
         self._check_reads(keys, reads, got, dests, sizes)
         timed("range checks")
         return buf, dests.tolist(), sizes.tolist()
+
+    def _read_whole_shards(self, shards: list[str], which: np.ndarray, inner: np.ndarray,
+                           keys: Sequence[str]) -> dict[str, tuple[np.ndarray | None, Any]]:
+        """``{shard: (index, object bytes)}`` for the shards this call needs every inner chunk of, read whole.
+
+        Only where the base store asks for it (:attr:`ChunkStore.whole_shards`,
+        object stores): one request per shard brings the index and the chunks,
+        where the index read and then the range read cost two round trips. A
+        shard object that does not exist gives ``(None, None)`` (all its chunks
+        missing). Its index is checked as any index is (truncation, checksum,
+        offsets past the end), and the error names the shard.
+        """
+        if not getattr(self.base, "whole_shards", False) or not len(which):
+            return {}
+        count = self.index.count
+        asked = np.bincount(np.unique(which * count + inner) // count, minlength=len(shards)).tolist()
+        full = [s for s, a in zip(shards, asked) if a == self._inner_in_array(s)]
+        if not full:
+            return {}
+        try:
+            objects = self.base.read_many(full)
+        except ChunkReadError as e:
+            raise self._name_chunk(e, keys, "reading the whole shard") from None
+        off, n = self.index.raw_range()
+        out: dict[str, tuple[np.ndarray | None, Any]] = {}
+        for s, data in zip(full, objects):
+            if data is None:
+                out[s] = (None, None)
+                continue
+            view = memoryview(data).cast("B")  # the index as a range read would have it (short if the object is)
+            raw = view[max(0, len(view) + off):] if off < 0 else view[off : off + n]
+            out[s] = (self.index.decode(raw, s), view)
+        if self.index_cache is not None:
+            self.index_cache.put_many({s: ix for s, (ix, _) in out.items()})
+        return out
+
+    def _inner_in_array(self, shard: str) -> int:
+        """How many inner chunks of shard ``shard`` lie inside the array (fewer than a shard holds at the edges)."""
+        memo = self.__dict__.setdefault("_inner_count", {})
+        n = memo.get(shard)
+        if n is None:
+            spec = self.spec
+            text = shard
+            if spec.key_prefix:
+                text = text[len(spec.key_prefix) + len(spec.key_separator):]
+            coords = [int(c) for c in text.split(spec.key_separator)] if spec.ndim else []
+            n = 1
+            for c, size, inner, length in zip(coords, spec.shard_shape or (), spec.chunk_shape, spec.shape):
+                n *= -(-max(0, min(size, length - c * size)) // inner)
+            if len(memo) < self._INNER_MEMO:
+                memo[shard] = n
+        return n
+
+    def _copy_from_whole(self, buf: Any, whole: dict[str, tuple[Any, Any]], keys: Sequence[str], shards: list[str],
+                         which: np.ndarray, offs: np.ndarray, sizes: np.ndarray, dests: np.ndarray,
+                         mask: np.ndarray) -> None:
+        """Copy the inner chunks of the shards read whole (``mask``) from their objects into their slots.
+
+        An index entry past the object's end is named as the range path names it (array, inner chunk, shard).
+        """
+        view = memoryview(buf).cast("B")
+        for i in np.flatnonzero(mask & (sizes >= 0)).tolist():
+            shard = shards[which[i]]
+            data = whole[shard][1]
+            o, n, d = int(offs[i]), int(sizes[i]), int(dests[i])
+            if o + n > len(data):
+                raise ChunkDecodeError(
+                    self.array, keys[i],
+                    f"shard index of {shard!r} points past the end of the shard object "
+                    f"(bytes {o}-{o + n - 1} asked for, the object ends before byte {len(data)})",
+                )
+            view[d : d + n] = data[o : o + n]
 
     def _plan_reads(self, shards: list[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray,
                     dests: np.ndarray) -> list[MergedRead]:

@@ -113,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "shards":
             b.add_argument("--windows", metavar="N", type=_positive_int, help="random windows to read (default 2048)")
             b.add_argument("--batch", metavar="N", type=_positive_int, help="windows per WindowSampler call (default 64)")
+        if name == "remote":
+            b.add_argument("--server", choices=("process", "thread"), default="process",
+                           help="moto's server in its own process (default) or in threads of this one")
     scale = bench_sub.add_parser("scale", help="read + time mean on 1, 2, 4 GPUs of this machine, "
                                  "beside the aggregate read ceiling; a reduction larger than one GPU's memory")
     scale.add_argument("--quick", action="store_true", help="a small array on 1 and 2 CPU workers, in seconds")

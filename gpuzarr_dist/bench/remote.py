@@ -1,6 +1,7 @@
 """``gpuzarr-dist bench remote``: reads from a loopback S3 server against the raw GET rate.
 
-Starts moto's S3 server on 127.0.0.1 (the ``test`` extra installs it),
+Starts moto's S3 server on 127.0.0.1 in a process of its own (the ``test``
+extra installs it; ``--server thread`` runs it in this process instead),
 uploads the benchmark arrays of ``bench shards`` (unsharded and sharded), and
 times, on the same objects with the same obstore client and the same number of
 requests in flight (``gpuzarr.remote.concurrency``):
@@ -22,8 +23,11 @@ import logging
 import os
 import platform
 import socket
+import subprocess
+import sys
 import tempfile
 import time
+from typing import Any
 
 from .report import Row, format_table, save
 from .shards import _best, _stored, write_variants
@@ -89,8 +93,8 @@ def run(args) -> int:
     from ..stores.remote import ObjectChunkStore
 
     try:
-        from moto.server import ThreadedMotoServer
         import boto3
+        import moto.server  # noqa: F401
     except ImportError:
         print("bench remote needs moto[server] and boto3 (pip install 'gpuzarr-dist[test]')")
         return 2
@@ -113,8 +117,8 @@ def run(args) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    in_process = getattr(args, "server", None) == "thread"
+    server = _start_moto(port, in_process)
     endpoint, bucket = f"http://127.0.0.1:{port}", "bench"
     opts = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "region": "us-east-1"}
     rows: list[Row] = []
@@ -125,8 +129,10 @@ def run(args) -> int:
         for name, path in paths.items():
             for key in _objects(path):
                 s3.upload_file(os.path.join(path, *key.split("/")), bucket, f"{name}.zarr/{key}")
-        print(f"loopback S3 (moto) at {endpoint}; {concurrency} requests in flight; device {device} ({gpu_status()[1]}); "
-              f"{threads} threads; {platform.node()}, {os.cpu_count()} CPUs shared by server and client")
+        where = "in this process (its threads share the client's GIL)" if in_process else "in its own process"
+        print(f"loopback S3 (moto) at {endpoint}, {where}; {concurrency} requests in flight; device {device} "
+              f"({gpu_status()[1]}); {threads} threads; {platform.node()}, {os.cpu_count()} CPUs shared by server "
+              "and client")
         for name, path in paths.items():
             stored = _stored(path)
             keys = [f"{name}.zarr/{k}" for k in _objects(path) if not k.endswith("zarr.json")]
@@ -140,7 +146,7 @@ def run(args) -> int:
             rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
                             note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
     finally:
-        server.stop()
+        _stop_moto(server)
     print("GB/s of stored bytes")
     print(format_table(rows, rows[0].name))
     meta = {"device": device, "concurrency": concurrency, "time_steps": steps, "grid": [nlat, nlon], "quick": quick,
@@ -150,6 +156,55 @@ def run(args) -> int:
     if tmp is not None:
         tmp.cleanup()
     return 0
+
+
+def _start_moto(port: int, in_process: bool) -> Any:
+    """moto's S3 server on 127.0.0.1:``port``: its own Python process (default), or threads of this one.
+
+    In this process, the server's request handling (Python) takes the GIL
+    from the client's tasks, so the client's figure measured the server's
+    share of one interpreter as much as the client; a real object store never
+    runs in the reader's interpreter.
+    """
+    if in_process:
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        return server
+    # its log (a line per request) goes to a file: a pipe nobody reads fills up and stalls the server
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=log)
+    proc.log = log  # type: ignore[attr-defined]  # closed by _stop_moto
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                log.seek(0)
+                err = log.read().decode(errors="replace").strip().splitlines()[-3:]
+                log.close()
+                raise RuntimeError(f"moto's server exited ({proc.returncode}): {' | '.join(err)}") from None
+            if time.monotonic() > deadline:
+                _stop_moto(proc)
+                raise RuntimeError(f"moto's server did not listen on 127.0.0.1:{port} within 60 s") from None
+            time.sleep(0.1)
+
+
+def _stop_moto(server: Any) -> None:
+    if isinstance(server, subprocess.Popen):
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server.log.close()
+    else:
+        server.stop()
 
 
 def _mean_s3(url: str, opts: dict, device: str, threads: int):

@@ -74,13 +74,17 @@ class ShardIndex:
             return 0, self.nbytes
         return (size - self.nbytes, self.nbytes) if size is not None else (-self.nbytes, self.nbytes)
 
+    def raw_of(self, shard: Any) -> memoryview:
+        """The encoded index inside a whole shard's bytes (fewer bytes than the index if the shard is that short)."""
+        view = memoryview(shard).cast("B")
+        return view[max(0, len(view) - self.nbytes) :] if self.at_end else view[: self.nbytes]
+
     def locate(self, shard: Any, key: str) -> np.ndarray:
         """``(count, 2)`` offsets and sizes of the inner chunks in a whole ``shard`` (-1 rows where absent)."""
         view = memoryview(shard).cast("B")
         if len(view) < self.nbytes:
             raise ChunkDecodeError(self.array, key, f"shard of {len(view)} bytes is shorter than its {self.nbytes}-byte index")
-        raw = view[len(view) - self.nbytes :] if self.at_end else view[: self.nbytes]
-        out = self.decode(raw, key)
+        out = self.decode(self.raw_of(view), key)
         present = out[:, 0] >= 0
         if present.any() and (out[present, 0] + out[present, 1]).max() > len(view):
             raise ChunkDecodeError(self.array, key, "shard index points past the end of the shard")

@@ -259,15 +259,13 @@ class ShardedChunkStore(ChunkStore):
         timed("range planning")
         buf = staging(total)
         timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
-        from_whole = np.isin(which, [j for j, s in enumerate(shards) if s in whole]) if whole else None
-        if from_whole is not None:
+        rest: Any = slice(None)  # the chunks left to the range reads
+        if whole:
+            from_whole = np.isin(which, [j for j, s in enumerate(shards) if s in whole])
             self._copy_from_whole(buf, whole, keys, shards, which, offs, sizes, dests, from_whole)
             rest = ~from_whole
-            which, offs, sizes_r, dests_r = which[rest], offs[rest], sizes[rest], dests[rest]
-        else:
-            sizes_r, dests_r = sizes, dests
         timed("whole shard copies")
-        reads = self._plan_reads(shards, which, offs, sizes_r, dests_r)
+        reads = self._plan_reads(shards, which[rest], offs[rest], sizes[rest], dests[rest])
         timed("range planning")
         try:
             got = self.base.read_ranges_into(reads, buf)
@@ -286,8 +284,9 @@ class ShardedChunkStore(ChunkStore):
         object stores): one request per shard brings the index and the chunks,
         where the index read and then the range read cost two round trips. A
         shard object that does not exist gives ``(None, None)`` (all its chunks
-        missing). Its index is checked as any index is (truncation, checksum,
-        offsets past the end), and the error names the shard.
+        missing). Its index is checked as any index is (truncation, checksum),
+        naming the shard; an entry past the object's end is named with its inner
+        chunk when the chunks are copied out (:meth:`_copy_from_whole`).
         """
         if not getattr(self.base, "whole_shards", False) or not len(which):
             return {}
@@ -300,15 +299,10 @@ class ShardedChunkStore(ChunkStore):
             objects = self.base.read_many(full)
         except ChunkReadError as e:
             raise self._name_chunk(e, keys, "reading the whole shard") from None
-        off, n = self.index.raw_range()
         out: dict[str, tuple[np.ndarray | None, Any]] = {}
         for s, data in zip(full, objects):
-            if data is None:
-                out[s] = (None, None)
-                continue
-            view = memoryview(data).cast("B")  # the index as a range read would have it (short if the object is)
-            raw = view[max(0, len(view) + off):] if off < 0 else view[off : off + n]
-            out[s] = (self.index.decode(raw, s), view)
+            view = None if data is None else memoryview(data).cast("B")
+            out[s] = (None, None) if view is None else (self.index.decode(self.index.raw_of(view), s), view)
         if self.index_cache is not None:
             self.index_cache.put_many({s: ix for s, (ix, _) in out.items()})
         return out

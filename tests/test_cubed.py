@@ -431,6 +431,34 @@ def test_cli_bench_cubed_quick(tmp_path):
         assert r["err_mean"] < 1e-3 and r["err_anomaly"] < 1e-3
     oc = kinds["ours-cubed"]
     assert oc["anomaly_one_chunk_s"] > 0 and oc["out_chunks"]  # gc.to_zarr and cubed.to_zarr, both checked
+    assert all(r["threads"] == 2 for r in kinds.values())  # --threads sets every row
+
+
+def test_bench_cubed_threads_per_row(monkeypatch):
+    from gpuzarr_dist.bench import cubed as bc
+
+    monkeypatch.setattr(bc.os, "cpu_count", lambda: 32)
+    assert bc.row_threads(None, "gpu") == (8, 16)  # the executor's GPU default; the CPU anchor gets the cores
+    assert bc.row_threads(None, "cpu") == (16, 16)
+    assert bc.row_threads(4, "gpu") == (4, 4)
+    monkeypatch.setattr(bc.os, "cpu_count", lambda: 2)
+    assert bc.row_threads(None, "gpu") == (2, 2)
+
+
+def test_bench_cubed_data_matches_numpy(tmp_path):
+    """The generated array, read back by zarr-python, has the mean write_data returns, and no repeated steps."""
+    import zarr
+
+    from gpuzarr_dist.bench.cubed import write_data
+
+    shape, chunks = (72, 10, 12), (8, 5, 6)
+    mean = write_data(str(tmp_path), shape, chunks)
+    x = np.asarray(zarr.open_array(str(tmp_path / "x.zarr"), mode="r")[:])
+    assert x.shape == shape and x.dtype == np.float32
+    np.testing.assert_allclose(mean, x.astype("f8").mean(axis=0), rtol=1e-12)
+    flat = x.reshape(shape[0], -1)
+    assert len({row.tobytes() for row in flat}) == shape[0]  # the noise pool is reused, the steps differ
+    assert write_data(str(tmp_path), shape, chunks) is not None  # reused when complete
 
 
 def test_cli_bench_cubed_rows():

@@ -37,7 +37,14 @@ ROWS = {
 
 
 def write_data(path: str, shape: tuple[int, int, int], chunks: tuple[int, int, int]) -> np.ndarray:
-    """Write a float32 (time, y, x) zstd store with zarr-python; return the float64 time mean (kept as mean.npy)."""
+    """Write a float32 (time, y, x) zstd store with zarr-python; return the float64 time mean (kept as mean.npy).
+
+    Each time step is a latitude profile plus noise: rows of a pool of random
+    fields drawn once (drawing fresh noise for every step took most of the time
+    for the multi-GB arrays), permuted over time and shifted by a small per-step
+    offset, so no two steps are equal. zarr-python writes several chunk rows at a
+    time, encoding their chunks concurrently.
+    """
     import zarr
 
     ref_path = os.path.join(path, "mean.npy")
@@ -50,13 +57,17 @@ def write_data(path: str, shape: tuple[int, int, int], chunks: tuple[int, int, i
     a = zarr.create_array(arr_path, shape=shape, chunks=chunks, dtype="float32",
                           compressors=zarr.codecs.ZstdCodec(level=0), overwrite=True)
     rng = np.random.default_rng(0)
+    pool_steps = min(shape[0], 64)
+    pool = (5 * rng.standard_normal((pool_steps,) + shape[1:], dtype=np.float32))
+    base = (250 + 30 * np.cos(np.linspace(-np.pi / 2, np.pi / 2, shape[1]))[:, None] * np.ones(shape[2])).astype("f4")
     total = np.zeros(shape[1:], dtype="f8")
-    base = 250 + 30 * np.cos(np.linspace(-np.pi / 2, np.pi / 2, shape[1]))[:, None] * np.ones(shape[2])
-    for t0 in range(0, shape[0], chunks[0]):
-        n = min(chunks[0], shape[0] - t0)
-        block = (base[None] + 5 * rng.standard_normal((n,) + shape[1:])).astype("f4")
-        a[t0:t0 + n] = block
-        total += block.sum(axis=0, dtype="f8")
+    slab = chunks[0] * max(1, 32 // chunks[0])
+    with zarr.config.set({"async.concurrency": max(10, 2 * (os.cpu_count() or 1))}):
+        for t0 in range(0, shape[0], slab):
+            steps = np.arange(t0, min(t0 + slab, shape[0]))
+            block = base[None] + pool[(steps * 7) % pool_steps] + (0.01 * steps).astype("f4")[:, None, None]
+            a[steps[0]:steps[-1] + 1] = block
+            total += block.sum(axis=0, dtype="f8")
     mean = total / shape[0]
     np.save(ref_path, mean)
     return mean
@@ -106,7 +117,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             import gpuzarr_dist.cubed as gc
 
             s = gc.spec(allowed, work, device=device, executor=None)
-            s.executor.max_workers = threads  # the same threads as the dask and Cubed rows (the GPU default is 8)
+            s.executor.max_workers = threads  # the same threads as our dask row (the executor's GPU default is 8)
             import cubed
             import cubed.array_api as xp
 
@@ -200,6 +211,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
 
 def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
+    # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed:
+    # on the H100 machine, a row timed while 24 GB of the one before were written back ran at a third
+    os.sync()
     env = dict(os.environ)
     env.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)
     row_device = "cpu" if kind == "cubed-cpu" else device
@@ -212,7 +226,9 @@ def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progre
     if p.returncode != 0 or not lines:
         err = (p.stderr or "").strip().splitlines()[-5:]
         return {"kind": kind, "error": f"exit {p.returncode}: " + " | ".join(err)}
-    return json.loads(lines[-1])
+    res = json.loads(lines[-1])
+    res["threads"] = threads
+    return res
 
 
 def selected_rows(rows: str | None) -> list[str]:
@@ -226,6 +242,26 @@ def selected_rows(rows: str | None) -> list[str]:
     return [r for r in ROWS if r in names]
 
 
+#: time steps of the GPU default: 9.3 GiB, so allowed_mem (a tenth) is 0.93 GiB, a per-task budget a GPU
+#: job would give. At 400 steps (158 MiB) the variant's blocks were 17 MB, which this machine's read path
+#: turns into 3.7-5.0 GB/s against 12-12.8 for the dask path's 415 MB blocks (tools/gpu_probe_blocks.py).
+GPU_STEPS = 2400
+
+
+def row_threads(threads: int | None, device: str) -> tuple[int, int]:
+    """``(threads of our two rows, threads of the Cubed-on-the-CPU row)``.
+
+    ``--threads`` sets all rows. By default our rows run with the Cubed
+    executor's GPU default, 8 threads (on the CPU device: the CPUs, at most
+    16), and plain Cubed on the CPU with the CPUs, at most 16: the anchor gets
+    every core, since it has no GPU to share.
+    """
+    cpus = min(16, os.cpu_count() or 1)
+    if threads:
+        return threads, threads
+    return (min(8, cpus) if device == "gpu" else cpus), cpus
+
+
 def run(args: argparse.Namespace) -> int:
     from dask.utils import format_bytes, parse_bytes
 
@@ -233,13 +269,13 @@ def run(args: argparse.Namespace) -> int:
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
-    steps = getattr(args, "time_steps", None) or (80 if quick else (400 if device == "gpu" else 96))
+    steps = getattr(args, "time_steps", None) or (80 if quick else (GPU_STEPS if device == "gpu" else 96))
     ny, nx = (32, 40) if quick else (721, 1440)
     chunks = (4, 16, 20) if quick else (8, 181, 360)
     shape = (steps, ny, nx)
     nbytes = 4 * steps * ny * nx
     allowed = int(parse_bytes(args.allowed_mem)) if getattr(args, "allowed_mem", None) else nbytes // 10
-    threads = getattr(args, "threads", None) or min(16, os.cpu_count() or 1)
+    threads, cpu_threads = row_threads(getattr(args, "threads", None), device)
     if nbytes < 10 * allowed:
         print(f"note: the array ({format_bytes(nbytes)}) is less than 10x allowed_mem ({format_bytes(allowed)})",
               file=sys.stderr)
@@ -254,12 +290,12 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for kind in selected_rows(getattr(args, "rows", None)):
             print(f"running {ROWS[kind]} ...", file=sys.stderr, flush=True)
-            rows.append(_spawn(kind, path, allowed, device, threads, progress))
+            rows.append(_spawn(kind, path, allowed, device, cpu_threads if kind == "cubed-cpu" else threads, progress))
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
-              "threads": threads, "rows": rows}
+              "threads": threads, "cpu_threads": cpu_threads, "rows": rows}
     print(format_result(result))
     out = getattr(args, "out", None)
     if out:
@@ -278,8 +314,8 @@ def format_result(res: dict) -> str:
     n = res["nbytes"]
     lines = [f"time mean and time anomaly (x - x.mean(0), written to Zarr) of float32 {tuple(res['shape'])}, "
              f"chunks {tuple(res['chunks'])}, {format_bytes(n)}; allowed_mem {format_bytes(res['allowed_mem'])} "
-             f"({n / res['allowed_mem']:.0f}x smaller); device {res['device']}; {res['threads']} threads",
-             f"{'row':<62} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
+             f"({n / res['allowed_mem']:.0f}x smaller); device {res['device']}",
+             f"{'row':<62} {'threads':>7} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
     rate = {}
     for r in res["rows"]:
         label = ROWS.get(r["kind"], r["kind"])
@@ -289,14 +325,14 @@ def format_result(res: dict) -> str:
         gm, ga = n / r["mean_s"] / 1e9, n / r["anomaly_s"] / 1e9
         rate[r["kind"]] = (gm, ga)
         err = max(r["err_mean"], r["err_anomaly"])
-        lines.append(f"{label:<62} {gm:>10.3f} {ga:>13.3f} {err:>9.2e}")
+        lines.append(f"{label:<62} {r.get('threads', res.get('threads', '')):>7} {gm:>10.3f} {ga:>13.3f} {err:>9.2e}")
         if r.get("anomaly_opt_s"):
             go = n / r["anomaly_opt_s"] / 1e9
             rate["ours-cubed-opt"] = (gm, go)
-            lines.append(f"{'  same, to_zarr(..., optimize_function=gc.optimize_dag)':<62} {gm:>10.3f} {go:>13.3f}")
+            lines.append(f"{'  same, to_zarr(..., optimize_function=gc.optimize_dag)':<62} {'':>7} {gm:>10.3f} {go:>13.3f}")
         if r.get("anomaly_one_chunk_s"):
             g1 = n / r["anomaly_one_chunk_s"] / 1e9
-            lines.append(f"{'  same, by cubed.to_zarr (one Zarr chunk per block)':<62} {gm:>10.3f} {g1:>13.3f}")
+            lines.append(f"{'  same, by cubed.to_zarr (one Zarr chunk per block)':<62} {'':>7} {gm:>10.3f} {g1:>13.3f}")
     warm = [f"{r['kind']} {r['warmup_s']:.2f}" for r in res["rows"] if r.get("warmup_s") is not None]
     if warm:
         lines.append("first mean of each process, untimed above (CUDA context, kernels, pools), seconds: "

@@ -15,7 +15,7 @@ from ..stores.source import open_source
 from .backend import use_backend
 from .memory import min_allowed
 from .spec import choose_device
-from .storage import add_seconds
+from .storage import add_io
 
 
 class MemoryBudgetError(GpuZarrError, ValueError):
@@ -142,10 +142,12 @@ class SourceArray:
 
     def __getitem__(self, selection: Any) -> Any:
         t0 = time.perf_counter()
+        block = None
         try:
-            return self.reader[selection]
+            block = self.reader[selection]
+            return block
         finally:
-            add_seconds("read_s", time.perf_counter() - t0)
+            add_io("read", time.perf_counter() - t0, 0 if block is None else block.nbytes)
 
     def __repr__(self) -> str:
         return f"SourceArray({self.reader.spec.name!r}, shape={self.shape}, chunks={self.chunks}, device={self.reader.device!r})"

@@ -61,21 +61,31 @@ def reset_write_stats() -> None:
             _stats[k] = 0
 
 
-_times = {"read_s": 0.0, "write_s": 0.0}
+_io = {"read_s": 0.0, "write_s": 0.0, "read_bytes": 0, "write_bytes": 0}
 
 
-def io_seconds() -> dict[str, float]:
-    """Seconds spent in this process in block reads (the source and intermediates) and intermediate/output
-    writes, summed over threads (host time in the call: on the GPU that includes the waits for
-    nvCOMP's results that the read and write paths make). :class:`~gpuzarr_dist.cubed.OpTimings` reports
-    them per operation."""
+def io_totals() -> dict[str, float]:
+    """Block reads (the source and intermediates) and intermediate/output writes in this process:
+    ``read_s``/``write_s``, seconds summed over threads (host time in the call: on the GPU that
+    includes the waits for nvCOMP's results that the read and write paths make), and
+    ``read_bytes``/``write_bytes``, the decoded bytes of the blocks read and written.
+    :class:`~gpuzarr_dist.cubed.OpTimings` reports them per operation."""
     with _lock:
-        return dict(_times)
+        return dict(_io)
 
 
-def add_seconds(key: str, seconds: float) -> None:
+def add_io(kind: str, seconds: float, nbytes: int) -> None:
+    """Count one block read (``kind="read"``) or write (``"write"``) of ``nbytes`` decoded bytes."""
     with _lock:
-        _times[key] += seconds
+        _io[f"{kind}_s"] += seconds
+        _io[f"{kind}_bytes"] += int(nbytes)
+
+
+def _nbytes_of(block: Any) -> int:
+    """Decoded bytes of a block (a dict of field blocks for a structured intermediate)."""
+    if isinstance(block, dict):
+        return sum(_nbytes_of(v) for v in block.values())
+    return int(getattr(block, "nbytes", 0) or 0)
 
 
 def _count(**inc: int) -> None:
@@ -182,15 +192,18 @@ class IntermediateArray:
 
     def __getitem__(self, selection: Any) -> Any:
         t0 = time.perf_counter()
+        block = None
         try:
             try:
                 reader = self._reader()
             except Exception as e:  # a chain our registry cannot decode: zarr reads it, with one warning
                 _warn_once(str(self._zarray.path), f"{self._zarray.path}: intermediate read through zarr-python ({e})")
-                return self._zarray[selection]
-            return reader[selection]
+                block = self._zarray[selection]
+            else:
+                block = reader[selection]
+            return block
         finally:
-            add_seconds("read_s", time.perf_counter() - t0)
+            add_io("read", time.perf_counter() - t0, _nbytes_of(block))
 
     def _writer(self) -> Any:
         """The array's :class:`~gpuzarr_dist.write.BlockWriter` (cached per process), or why there is none (a str)."""
@@ -217,10 +230,12 @@ class IntermediateArray:
     def __setitem__(self, selection: Any, value: Any) -> None:
         """Write one task's block: encoded in one batch and stored chunk by chunk by us, else by zarr-python."""
         t0 = time.perf_counter()
+        written = 0
         try:
             self._write(selection, value)
+            written = int(getattr(value, "size", 1)) * self.dtype.itemsize  # in the array's dtype, as stored
         finally:
-            add_seconds("write_s", time.perf_counter() - t0)
+            add_io("write", time.perf_counter() - t0, written)
 
     def _write(self, selection: Any, value: Any) -> None:
         w = self._writer()

@@ -4,15 +4,19 @@ For each operation of the plan: its name and cubed op name (``blockwise``,
 ``partial_reduce``, ``create-arrays``, ...), its tasks, its wall time (first
 task start to operation end, as :class:`~gpuzarr_dist.cubed.ThreadsExecutor`
 and :class:`~gpuzarr_dist.cubed.DistributedExecutor` send them), the summed
-time inside its tasks, the logical (decompressed) bytes it reads from its
-inputs and writes to its output arrays, the bytes our write path stored
-(compressed; only in the process that runs the tasks, i.e. with the threads
-executor), and the largest measured per-task peak.
+time inside its tasks, the decoded bytes its tasks read and wrote through
+gpuzarr-dist's read and write paths (the source and the intermediates) with
+the seconds spent there, the bytes our write path stored (compressed), and the
+largest measured per-task peak. Bytes, seconds in reads and writes and stored
+bytes are measured in this process, i.e. with the threads executor; with the
+distributed one they stay 0.
 
-Logical bytes are the arrays' sizes (each input read once whole, each output
-written once whole), which is what each operation of an elementwise or
-reduction plan does; cubed's virtual inputs (the empty and offsets arrays of
-``map_blocks``) count zero. Importing this module imports cubed.
+``plan_read_bytes`` / ``plan_write_bytes`` are the sizes of the arrays cubed
+lists as the operation's inputs and outputs, each counted whole. They are an
+upper bound: an operation fused from several keeps its predecessors' arrays in
+its list (the anomaly's subtract listed the source twice, 2x what it read).
+Cubed's virtual inputs (the empty and offsets arrays of ``map_blocks``) count
+zero. Importing this module imports cubed.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ class OpTimings(Callback):
                 reads = sum(_nbytes(p.array) for p in cfg.reads_map.values())
                 writes = sum(_nbytes(p.array) for p in cfg.writes_map.values())
             self.ops[name] = {"op": name, "kind": d.get("op_name", name), "tasks": int(op.num_tasks),
-                              "projected_mem": int(op.projected_mem), "read_bytes": reads, "write_bytes": writes,
+                              "projected_mem": int(op.projected_mem), "plan_read_bytes": reads,
+                              "plan_write_bytes": writes, "read_bytes": 0, "write_bytes": 0,
                               "tasks_done": 0, "task_s": 0.0, "wall_s": 0.0, "peak": 0, "stored_bytes": 0,
                               "read_s": 0.0, "write_s": 0.0, "_start": None, "_stored0": None, "_io0": None}
             self._order.append(name)
@@ -80,8 +85,8 @@ class OpTimings(Callback):
             r["wall_s"] += time.perf_counter() - r["_start"]
             r["stored_bytes"] += max(0, _stored() - (r["_stored0"] or 0))
             io, io0 = _io(), r["_io0"] or {}
-            for k in ("read_s", "write_s"):
-                r[k] += max(0.0, io[k] - io0.get(k, 0.0))
+            for k in ("read_s", "write_s", "read_bytes", "write_bytes"):
+                r[k] += max(0, io[k] - io0.get(k, 0))
             r["_start"] = None
 
     def on_task_end(self, event: Any) -> None:
@@ -111,9 +116,9 @@ def _stored() -> int:
 
 
 def _io() -> dict[str, float]:
-    from .storage import io_seconds
+    from .storage import io_totals
 
-    return io_seconds()
+    return io_totals()
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:

@@ -146,7 +146,7 @@ def run(args) -> int:
             rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
                             note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
     finally:
-        _stop_moto(server)
+        server.stop()
     print("GB/s of stored bytes")
     print(format_table(rows, rows[0].name))
     meta = {"device": device, "concurrency": concurrency, "time_steps": steps, "grid": [nlat, nlon], "quick": quick,
@@ -164,7 +164,7 @@ def _start_moto(port: int, in_process: bool) -> Any:
     In this process, the server's request handling (Python) takes the GIL
     from the client's tasks, so the client's figure measured the server's
     share of one interpreter as much as the client; a real object store never
-    runs in the reader's interpreter.
+    runs in the reader's interpreter. Either way the result has ``stop()``.
     """
     if in_process:
         from moto.server import ThreadedMotoServer
@@ -172,39 +172,44 @@ def _start_moto(port: int, in_process: bool) -> Any:
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
         server.start()
         return server
-    # its log (a line per request) goes to a file: a pipe nobody reads fills up and stalls the server
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=log, stderr=log)
-    proc.log = log  # type: ignore[attr-defined]  # closed by _stop_moto
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return proc
-        except OSError:
-            if proc.poll() is not None:
-                log.seek(0)
-                err = log.read().decode(errors="replace").strip().splitlines()[-3:]
-                log.close()
-                raise RuntimeError(f"moto's server exited ({proc.returncode}): {' | '.join(err)}") from None
-            if time.monotonic() > deadline:
-                _stop_moto(proc)
-                raise RuntimeError(f"moto's server did not listen on 127.0.0.1:{port} within 60 s") from None
-            time.sleep(0.1)
+    return _MotoProcess(port)
 
 
-def _stop_moto(server: Any) -> None:
-    if isinstance(server, subprocess.Popen):
-        server.terminate()
+class _MotoProcess:
+    """moto's server in a child process, listening when constructed; its log goes to a temporary file.
+
+    A pipe that nobody reads fills up with the log (a line per request) and
+    stalls the server mid-benchmark; a file does not.
+    """
+
+    def __init__(self, port: int, timeout: float = 60) -> None:
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                     stdout=self.log, stderr=self.log)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    self.log.seek(0)
+                    err = self.log.read().decode(errors="replace").strip().splitlines()[-3:]
+                    self.log.close()
+                    raise RuntimeError(f"moto's server exited ({self.proc.returncode}): {' | '.join(err)}") from None
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto's server did not listen on 127.0.0.1:{port} within {timeout:g} s") from None
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
         try:
-            server.wait(timeout=10)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        server.log.close()
-    else:
-        server.stop()
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
 
 
 def _mean_s3(url: str, opts: dict, device: str, threads: int):

@@ -75,6 +75,18 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     16 x 16 MB 7.70 / 5.21, 16 x 4 MB 4.38 / 4.02. On one H100: decoding
     8 x 2 MB 2.1 / 4.9, 32 x 2 MB 6.0 / 4.0; one 0.5 MB chunk encoded in 33 ms
     against 1.3 ms. Lower them where a GPU has few CPU cores.
+``gpuzarr.gpu.sync-wait``
+    How a thread waits for the GPU (a stream synchronisation, a copy back):
+    ``auto`` (default: CUDA's own choice, which is to spin on a core while the
+    process has fewer CUDA contexts than the machine has cores, i.e. always
+    on one GPU), ``spin``, ``yield`` or ``blocking`` (the thread sleeps until
+    the GPU is done). It is a setting of the process's context on each GPU
+    (CUDA's ``cuDevicePrimaryCtxSetFlags``), applied when a thread of this
+    process next takes its stream after the setting changed. With many
+    threads each waiting on its own stream, spinning threads hold cores that
+    the file reads and CPU decodes of the other threads need; ``blocking``
+    frees them at the cost of a wake-up (microseconds) per wait. Not yet
+    measured on a GPU: hence the default stays CUDA's.
 """
 
 from __future__ import annotations
@@ -178,7 +190,18 @@ def write_batch_bytes() -> int | None:
     return _size_setting("gpuzarr.write.batch-size", None) or None
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB", "min-batch-chunks": 8}}})
+dask.config.update_defaults({"gpuzarr": {"gpu": {"min-batch": "32 MiB", "min-batch-chunks": 8, "sync-wait": "auto"}}})
+
+#: values of ``gpuzarr.gpu.sync-wait`` and the scheduling flags of a CUDA context they stand for
+SYNC_WAITS = {"auto": 0x0, "spin": 0x1, "yield": 0x2, "blocking": 0x4}
+
+
+def gpu_sync_wait() -> str:
+    """``gpuzarr.gpu.sync-wait``: how threads wait for the GPU (see the module docstring)."""
+    v = str(dask.config.get("gpuzarr.gpu.sync-wait", "auto")).strip().lower()
+    if v not in SYNC_WAITS:
+        raise ValueError(f"gpuzarr.gpu.sync-wait must be one of {', '.join(SYNC_WAITS)}, not {v!r}")
+    return v
 
 
 def gpu_min_batch_bytes() -> int:

@@ -11,10 +11,14 @@ Only imported on the GPU path: importing it imports cupy.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import cupy
 import numpy as np
+
+from ..config import SYNC_WAITS, gpu_sync_wait
+from ..errors import GpuZarrError
 
 _local = threading.local()
 _keep: list = []  # streams live as long as the process: never destroyed under pending work
@@ -28,7 +32,10 @@ def align(n: int) -> int:
 
 
 def thread_stream() -> cupy.cuda.Stream:
-    """This thread's CUDA stream, created once and made current for CuPy in this thread."""
+    """This thread's CUDA stream, created once and made current for CuPy in this thread.
+
+    Also applies ``gpuzarr.gpu.sync-wait`` to the current GPU when it changed (:func:`apply_sync_wait`).
+    """
     s = getattr(_local, "stream", None)
     if s is None:
         s = cupy.cuda.Stream(non_blocking=True)
@@ -37,7 +44,76 @@ def thread_stream() -> cupy.cuda.Stream:
             _keep.append(s)
     if cupy.cuda.get_current_stream() is not s:
         s.use()
+    apply_sync_wait()  # after the stream: the GPU's context is current in this thread by now
     return s
+
+
+_sync_applied: dict[int, str] = {}  # device id -> the gpuzarr.gpu.sync-wait value its context has
+_SCHED_MASK = 0x7  # CU_CTX_SCHED_MASK: the scheduling bits of a context's flags
+
+
+def apply_sync_wait() -> str:
+    """Give the current GPU's context the wait of ``gpuzarr.gpu.sync-wait``; returns the value in force.
+
+    A no-op while the setting is the one applied (a config lookup per call),
+    and ``auto`` on a context this process never changed is left as CUDA made
+    it: no driver call. Otherwise the scheduling bits of the primary context's
+    flags are replaced (its other flags kept): for contexts made later
+    (``cuDevicePrimaryCtxSetFlags``) and for the live one, current in this
+    thread (``cuCtxSetFlags``, CUDA 12.1 and newer). A failing driver call
+    raises :class:`~gpuzarr_dist.errors.GpuZarrError` with the call and its error.
+    """
+    mode = gpu_sync_wait()
+    dev = cupy.cuda.Device().id
+    if _sync_applied.get(dev, "auto") == mode:
+        return mode
+    with _keep_lock:
+        if _sync_applied.get(dev, "auto") != mode:
+            _set_sync_wait(dev, SYNC_WAITS[mode])
+            _sync_applied[dev] = mode
+    return mode
+
+
+def _driver() -> ctypes.CDLL:
+    lib = getattr(_driver, "lib", None)
+    if lib is None:
+        lib = _driver.lib = ctypes.CDLL("libcuda.so.1")  # type: ignore[attr-defined]
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise GpuZarrError(f"CUDA driver call {what} failed with error {rc} (setting gpuzarr.gpu.sync-wait)")
+
+
+def _set_sync_wait(dev: int, sched: int) -> None:
+    lib = _driver()
+    handle = ctypes.c_int()
+    _check(lib.cuDeviceGet(ctypes.byref(handle), int(dev)), f"cuDeviceGet({dev})")
+    flags, active = ctypes.c_uint(), ctypes.c_int()
+    _check(lib.cuDevicePrimaryCtxGetState(handle, ctypes.byref(flags), ctypes.byref(active)),
+           f"cuDevicePrimaryCtxGetState({dev})")
+    new = (flags.value & ~_SCHED_MASK) | sched
+    # the _v2 entry point (CUDA 11+) takes an active context's flags too; the first one refused them
+    set_primary = getattr(lib, "cuDevicePrimaryCtxSetFlags_v2", None) or lib.cuDevicePrimaryCtxSetFlags
+    _check(set_primary(handle, ctypes.c_uint(new)), f"cuDevicePrimaryCtxSetFlags({dev}, {new:#x})")
+    current = ctypes.c_void_p()
+    set_current = getattr(lib, "cuCtxSetFlags", None)
+    if active.value and set_current is not None:
+        _check(lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
+        if current.value:
+            now = ctypes.c_uint()
+            _check(lib.cuCtxGetFlags(ctypes.byref(now)), "cuCtxGetFlags")
+            _check(set_current(ctypes.c_uint((now.value & ~_SCHED_MASK) | sched)), f"cuCtxSetFlags({sched:#x})")
+
+
+def context_sync_wait() -> str:
+    """The wait the current GPU context has, read back from the driver (``auto``, ``spin``, ``yield``, ``blocking``)."""
+    lib = _driver()
+    now = ctypes.c_uint()
+    _check(lib.cuCtxGetFlags(ctypes.byref(now)), "cuCtxGetFlags")
+    bits = now.value & _SCHED_MASK
+    return next((k for k, v in SYNC_WAITS.items() if v == bits), hex(bits))
 
 
 def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:

@@ -211,8 +211,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
 
 def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
-    # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed:
-    # on the H100 machine, a row timed while 24 GB of the one before were written back ran at a third
+    # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed. Suspected,
+    # not shown: on an H100 our dask row read 3.34 GB/s after the variant had stored 23 GiB, 10.88 in another
+    # run; with this flush it read 4.69 in a third, so the rows stay noisy there
     os.sync()
     env = dict(os.environ)
     env.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)

@@ -295,8 +295,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
+    from ..config import gpu_sync_wait
+
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
-              "threads": threads, "cpu_threads": cpu_threads, "rows": rows}
+              "threads": threads, "cpu_threads": cpu_threads, "sync_wait": gpu_sync_wait(), "rows": rows}
     print(format_result(result))
     out = getattr(args, "out", None)
     if out:
@@ -315,7 +317,8 @@ def format_result(res: dict) -> str:
     n = res["nbytes"]
     lines = [f"time mean and time anomaly (x - x.mean(0), written to Zarr) of float32 {tuple(res['shape'])}, "
              f"chunks {tuple(res['chunks'])}, {format_bytes(n)}; allowed_mem {format_bytes(res['allowed_mem'])} "
-             f"({n / res['allowed_mem']:.0f}x smaller); device {res['device']}",
+             f"({n / res['allowed_mem']:.0f}x smaller); device {res['device']}"
+             + (f"; gpuzarr.gpu.sync-wait {res['sync_wait']}" if res.get("device") == "gpu" and "sync_wait" in res else ""),
              f"{'row':<62} {'threads':>7} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
     rate = {}
     for r in res["rows"]:

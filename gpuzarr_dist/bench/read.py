@@ -168,9 +168,10 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     how, stem = CODECS[codec]
     print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
-    from ..config import deflate_check, zstd_check
+    from ..config import deflate_check, gpu_sync_wait, zstd_check
 
-    checks = f"zstd check {zstd_check()}, deflate check {deflate_check()}"  # the GPU walks' depth sets the GPU's rate
+    # the GPU walks' depth and how threads wait for the GPU set the GPU's rate
+    checks = f"zstd check {zstd_check()}, deflate check {deflate_check()}, sync-wait {gpu_sync_wait()}"
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {checks}; {platform.node()}")
 
     blocks = list(getattr(args, "block_size", None) or [None])
@@ -215,7 +216,7 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
         print(line)
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
             "nbytes": nbytes, "host": platform.node(), "quick": quick, "codec": codec,
-            "zstd_check": zstd_check(), "deflate_check": deflate_check()}
+            "zstd_check": zstd_check(), "deflate_check": deflate_check(), "sync_wait": gpu_sync_wait()}
     written = save(rows, out_dir, stem, f"time mean of float32 ({steps}, 721, 1440), {codec}, {device}", meta)
     print("saved:", ", ".join(written))
 

@@ -468,3 +468,37 @@ def test_cli_bench_cubed_rows():
     assert selected_rows("cubed-cpu, ours-cubed") == ["ours-cubed", "cubed-cpu"]  # in the table's order
     with pytest.raises(SystemExit, match="unknown row.*'gpu-cubed'.*choose from ours-cubed"):
         selected_rows("gpu-cubed")
+
+
+def test_bench_cubed_refuses_a_disk_too_small(tmp_path):
+    from gpuzarr_dist.bench.cubed import check_disk
+
+    gib = 1 << 30
+    check_disk(str(tmp_path), 2 * gib, have_data=False, free=5 * gib)  # 4.4 GiB needed
+    with pytest.raises(SystemExit, match=r"needs about 4\.40 GiB free in .*the array and one anomaly.*--time-steps"):
+        check_disk(str(tmp_path), 2 * gib, have_data=False, free=4 * gib)
+    check_disk(str(tmp_path), 2 * gib, have_data=True, free=3 * gib)  # the array is there: one anomaly
+    with pytest.raises(SystemExit, match=r"needs about 2\.20 GiB free in .*\(one anomaly at a time\)"):
+        check_disk(str(tmp_path), 2 * gib, have_data=True, free=2 * gib)
+
+
+def test_bench_cubed_check_flags_nan_and_drops_the_output(tmp_path):
+    """A NaN in a written anomaly is an infinite error, not a pass; each output is deleted once checked."""
+    import zarr
+
+    from gpuzarr_dist.bench import cubed as bc
+
+    shape, chunks = (16, 6, 8), (8, 3, 4)
+    mean = bc.write_data(str(tmp_path), shape, chunks)
+    x = np.asarray(zarr.open_array(str(tmp_path / "x.zarr"), mode="r")[:])
+    good = tmp_path / "good.zarr"
+    zarr.create_array(str(good), shape=shape, chunks=chunks, dtype="f4")[:] = (x - mean).astype("f4")
+    res: dict = {}
+    bc._check_and_drop(str(tmp_path), str(good), mean, res)
+    assert res["err_mean"] == 0.0 and res["err_anomaly"] < 1e-4 and not good.exists()
+    bad = tmp_path / "bad.zarr"
+    y = (x - mean).astype("f4")
+    y[shape[0] // 2, 1, 2] = np.nan  # a step _check reads
+    zarr.create_array(str(bad), shape=shape, chunks=chunks, dtype="f4")[:] = y
+    bc._check_and_drop(str(tmp_path), str(bad), mean, res)
+    assert res["err_anomaly"] == float("inf") and not bad.exists()

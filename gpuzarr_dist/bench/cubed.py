@@ -49,10 +49,8 @@ def write_data(path: str, shape: tuple[int, int, int], chunks: tuple[int, int, i
 
     ref_path = os.path.join(path, "mean.npy")
     arr_path = os.path.join(path, "x.zarr")
-    if os.path.exists(ref_path) and os.path.exists(arr_path):
-        a = zarr.open_array(arr_path, mode="r")
-        if tuple(a.shape) == shape and tuple(a.chunks) == chunks:
-            return np.load(ref_path)
+    if data_ready(path, shape, chunks):
+        return np.load(ref_path)
     shutil.rmtree(arr_path, ignore_errors=True)
     a = zarr.create_array(arr_path, shape=shape, chunks=chunks, dtype="float32",
                           compressors=zarr.codecs.ZstdCodec(level=0), overwrite=True)
@@ -73,6 +71,33 @@ def write_data(path: str, shape: tuple[int, int, int], chunks: tuple[int, int, i
     return mean
 
 
+def data_ready(path: str, shape: tuple[int, ...], chunks: tuple[int, ...]) -> bool:
+    """Whether ``path`` already holds :func:`write_data`'s array of this shape and chunking, and its mean."""
+    import zarr
+
+    if not (os.path.exists(os.path.join(path, "mean.npy")) and os.path.exists(os.path.join(path, "x.zarr"))):
+        return False
+    a = zarr.open_array(os.path.join(path, "x.zarr"), mode="r")
+    return tuple(a.shape) == tuple(shape) and tuple(a.chunks) == tuple(chunks)
+
+
+def check_disk(path: str, nbytes: int, have_data: bool, free: int | None = None) -> None:
+    """Refuse to start when ``path`` lacks room for the array (unless written already) and one anomaly.
+
+    zstd level 0 keeps the noisy float32 data at about its raw size. Each child
+    checks an anomaly and deletes it before writing the next, so one at a time
+    is on disk beside the source (and Cubed's intermediates, small here).
+    """
+    from dask.utils import format_bytes
+
+    need = int(1.1 * nbytes) * (1 if have_data else 2)
+    free = shutil.disk_usage(path).free if free is None else free
+    if free < need:
+        raise SystemExit(f"bench cubed: needs about {format_bytes(need)} free in {path} ("
+                         f"{'' if have_data else 'the array and '}one anomaly at a time), but {format_bytes(free)} "
+                         "is free; pass --path with a folder on a larger disk, or fewer --time-steps")
+
+
 # -- children ---------------------------------------------------------------------------------
 
 
@@ -80,17 +105,31 @@ def _host(v: Any) -> np.ndarray:
     return v.get() if hasattr(v, "get") else np.asarray(v)
 
 
+def _check_and_drop(path: str, out_path: str, mean: Any, res: dict) -> None:
+    """Check one written anomaly (and the mean) against numpy, fold the errors into ``res``, delete the anomaly."""
+    err_mean, err = _check(path, out_path, mean)
+    res["err_mean"] = max(res.get("err_mean", 0.0), err_mean)
+    res["err_anomaly"] = max(res.get("err_anomaly", 0.0), err)
+    shutil.rmtree(out_path, ignore_errors=True)
+
+
+def _max_error(got: Any, expect: np.ndarray) -> float:
+    """Largest absolute difference; a NaN anywhere is an infinite error (``max()`` and ``>`` would let it pass)."""
+    e = float(np.max(np.abs(_host(got).astype("f8") - expect)))
+    return e if np.isfinite(e) else float("inf")
+
+
 def _check(path: str, out_path: str, mean: Any) -> tuple[float, float]:
     import zarr
 
     ref = np.load(os.path.join(path, "mean.npy"))
-    err_mean = float(np.max(np.abs(_host(mean).astype("f8") - ref)))
+    err_mean = _max_error(mean, ref)
     x = zarr.open_array(os.path.join(path, "x.zarr"), mode="r")
     out = zarr.open_array(out_path, mode="r")
     err = 0.0
     for t in sorted({0, x.shape[0] // 2, x.shape[0] - 1}):
         expect = _host(x[t]).astype("f8") - ref
-        err = max(err, float(np.max(np.abs(_host(out[t]).astype("f8") - expect))))
+        err = max(err, _max_error(out[t], expect))
     return err_mean, err
 
 
@@ -142,6 +181,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             res["anomaly_s"] = time.perf_counter() - t
             res["anomaly_ops"] = ops.rows()
             res["out_chunks"] = list(z.chunks)
+            _check_and_drop(path, out_path, m, res)
             # the same with gc.optimize_dag (the mean computed once, not inside every subtract task)
             opt_path = os.path.join(work, "anomaly-opt.zarr")
             ops = gc.OpTimings()
@@ -149,11 +189,13 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             gc.to_zarr(x - xp.mean(x, axis=0), opt_path, callbacks=cbs + [ops], optimize_function=gc.optimize_dag)
             res["anomaly_opt_s"] = time.perf_counter() - t
             res["anomaly_opt_ops"] = ops.rows()
+            _check_and_drop(path, opt_path, m, res)
             # and with optimize_dag through cubed.to_zarr: one Zarr chunk per block, each task encodes one chunk
             one_path = os.path.join(work, "anomaly-one-chunk.zarr")
             t = time.perf_counter()
             cubed.to_zarr(x - xp.mean(x, axis=0), one_path, callbacks=cbs, optimize_function=gc.optimize_dag)
             res["anomaly_one_chunk_s"] = time.perf_counter() - t
+            _check_and_drop(path, one_path, m, res)
             res["peak_task_bytes"] = max(peaks) if peaks else None
             res["reserved_mem"] = s.reserved_mem
             res["blocks"] = [list(c[:2]) for c in x.chunks]
@@ -177,6 +219,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
                 res["blocks"] = [list(c[:2]) for c in x.chunks]
                 gz.to_zarr_gpu(y, out_path)  # our dask path's writer (GPU encode of cupy blocks)
                 res["anomaly_s"] = time.perf_counter() - t
+            _check_and_drop(path, out_path, m, res)
         elif kind == "cubed-cpu":
             import cubed
             import cubed.array_api as xp
@@ -196,12 +239,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             t = time.perf_counter()
             cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs)
             res["anomaly_s"] = time.perf_counter() - t
+            _check_and_drop(path, out_path, m, res)
         else:
             raise ValueError(f"unknown row {kind!r}")
-        res["err_mean"], res["err_anomaly"] = _check(path, out_path, m)
-        for key, name in (("anomaly_opt_s", "anomaly-opt.zarr"), ("anomaly_one_chunk_s", "anomaly-one-chunk.zarr")):
-            if key in res:
-                res["err_anomaly"] = max(res["err_anomaly"], _check(path, os.path.join(work, name), m)[1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return res
@@ -286,6 +326,7 @@ def run(args: argparse.Namespace) -> int:
     os.makedirs(path, exist_ok=True)
     progress = not quick and not getattr(args, "no_progress", False)
     try:
+        check_disk(path, nbytes, data_ready(path, shape, chunks))
         print(f"writing float32 {shape}, chunks {chunks}, zstd ({format_bytes(nbytes)}) ...", file=sys.stderr)
         write_data(path, shape, chunks)
         rows = []

@@ -3,10 +3,13 @@
 Reads every block of the array once (warm pass first) through ``BlockReader``
 from a thread pool, each task also summing its block on its thread's stream
 (as the Cubed variant's mean does), and prints GB/s of decoded data per block
-size. ``--stages`` repeats each size with the read stages timed (adds
-synchronisations). Settings are dask config overrides, e.g. ``gpuzarr.gpu.min-batch=0``.
+size, with the cores the process kept busy meanwhile (CPU seconds / wall:
+a thread spinning in a wait for the GPU counts as busy). ``--stages`` repeats
+each size with the read stages timed (adds synchronisations). Settings are
+dask config overrides, e.g. ``gpuzarr.gpu.min-batch=0`` or ``gpuzarr.gpu.sync-wait=blocking``.
 
-    python3 tools/gpu_probe_blocks.py --path /tmp/cb400/x.zarr --steps 8,24,72,200,400 --threads 16
+    python3 tools/gpu_probe_blocks.py --path /tmp/cb400/x.zarr --steps 8,24,72,200,400 --threads 16 \
+        --set gpuzarr.gpu.sync-wait=blocking
 """
 from __future__ import annotations
 
@@ -24,6 +27,14 @@ def blocks(shape, chunks, steps, tile):
         for y in range(0, shape[1], ty):
             for x in range(0, shape[2], tx):
                 yield (slice(t, min(t + steps, shape[0])), slice(y, min(y + ty, shape[1])), slice(x, min(x + tx, shape[2])))
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process, all threads."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def main() -> int:
@@ -68,11 +79,14 @@ def main() -> int:
 
             with ThreadPoolExecutor(threads) as pool:
                 list(pool.map(task, sels))  # warm: streams, codecs, pools
+                cpu0 = cpu_seconds()
                 t = time.perf_counter()
                 list(pool.map(task, sels))
                 el = time.perf_counter() - t
+                busy = (cpu_seconds() - cpu0) / el  # cores this process kept busy (a thread spinning on a GPU wait counts)
                 line = (f"{str(setting) or 'default':<36} threads {threads:>2} block {steps:>4} steps "
-                        f"({len(sels):>5} blocks of {nbytes / len(sels) / 1e6:7.1f} MB): {nbytes / el / 1e9:6.2f} GB/s")
+                        f"({len(sels):>5} blocks of {nbytes / len(sels) / 1e6:7.1f} MB): {nbytes / el / 1e9:6.2f} GB/s, "
+                        f"{busy:4.1f} cores busy")
                 if a.stages:
                     stages.reset()
                     stages.enable(True)

@@ -309,8 +309,9 @@ def test_task_error_names_array_and_chunk(series, tmp_path):
     x = gc.from_zarr_gpu(path, spec=s)
     from gpuzarr_dist import ChunkDecodeError
 
-    with pytest.raises(ChunkDecodeError, match=r"c/4/0/3"):
+    with pytest.raises(ChunkDecodeError, match=r"c/4/0/3") as e:
         xp.sum(x).compute()
+    assert any(n.startswith("in cubed operation 'op-") and "task" in n for n in getattr(e.value, "__notes__", []))
 
 
 # -- executors ------------------------------------------------------------------------------
@@ -345,6 +346,14 @@ def test_distributed_executor_on_a_process_cluster(series, tmp_path):
         pids = set(client.run(os.getpid).values())
         ran = {t.result for t in ev.tasks}  # noqa: F841  (results are None for blockwise tasks)
         env = client.run(lambda: os.environ.get("CUBED_BACKEND_ARRAY_API_MODULE"))
+        # a damaged chunk: the worker's error comes back naming the chunk, with the operation and task noted
+        with open(os.path.join(path, "c", "4", "0", "3"), "r+b") as f:
+            f.write(b"\x00" * 16)
+        from gpuzarr_dist import ChunkDecodeError
+
+        with pytest.raises(ChunkDecodeError, match=r"c/4/0/3") as e:
+            xp.sum(gc.from_zarr_gpu(path, spec=s)).compute()
+    assert any(n.startswith("in cubed operation 'op-") for n in getattr(e.value, "__notes__", []))
     np.testing.assert_allclose(anomaly, ref - ref.astype("f8").mean(0), rtol=1e-5, atol=1e-5)
     assert len(pids) == 2 and os.getpid() not in pids
     assert all(v is None for v in env.values())  # numpy backend on the CPU

@@ -90,6 +90,16 @@ def _annotate(e: BaseException, name: str, item: Any) -> None:
         e.add_note(f"in cubed operation {name!r}, task {item!r}")
 
 
+def _finish(callbacks: Sequence[Any] | None, name: str, item: Any, future: Any, created: float) -> None:
+    """A finished task: its error raised (noting the operation and task), or cubed's TaskEndEvent sent."""
+    try:
+        result, stats = future.result()
+    except BaseException as e:
+        _annotate(e, name, item)
+        raise
+    _task_end(callbacks, name, result, stats, created)
+
+
 class ThreadsExecutor(DagExecutor):
     """Runs cubed's tasks on a thread pool in this process; on the GPU, threads spread over the local GPUs.
 
@@ -194,13 +204,7 @@ class ThreadsExecutor(DagExecutor):
                             break
                         done, _ = wait(pending, return_when=FIRST_COMPLETED)
                         for f in done:
-                            item = pending.pop(f)
-                            try:
-                                result, stats = f.result()
-                            except BaseException as e:
-                                _annotate(e, name, item)
-                                raise
-                            _task_end(callbacks, name, result, stats, created)
+                            _finish(callbacks, name, pending.pop(f), f, created)
                 except BaseException:
                     for f in pending:
                         f.cancel()
@@ -329,13 +333,7 @@ class DistributedExecutor(DagExecutor):
             submit(window)
             try:
                 for f in ac:
-                    item = futures.pop(f)
-                    try:
-                        result, stats = f.result()
-                    except BaseException as e:
-                        _annotate(e, name, item)
-                        raise
-                    _task_end(callbacks, name, result, stats, created)
+                    _finish(callbacks, name, futures.pop(f), f, created)
                     submit(1)
             except BaseException:
                 client.cancel(list(futures))

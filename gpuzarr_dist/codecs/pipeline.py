@@ -22,6 +22,7 @@ from .base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
 from .registry import get_codec
 from ..errors import ChunkDecodeError, ChunkEncodeError, MetadataError
 from ..metadata import ArraySpec
+from ..runtime.threads import map_all
 
 
 class CodecPipeline:
@@ -96,7 +97,7 @@ class CodecPipeline:
         if len(buffers) == 1:
             out = [one(0)]
         else:
-            out = list(pool.map(one, range(len(buffers))))
+            out = map_all(pool, one, range(len(buffers)))  # none still writing through sink when an error leaves
         return None if sink is not None else out  # type: ignore[return-value]
 
     # -- the write side ------------------------------------------------------------
@@ -125,4 +126,4 @@ class CodecPipeline:
         """Encode all ``chunks`` on the CPU, spread over ``pool``; the stored bytes in order."""
         if len(chunks) <= 1:
             return [self.encode_chunk(c, k) for c, k in zip(chunks, keys)]
-        return list(pool.map(self.encode_chunk, chunks, keys))
+        return map_all(pool, self.encode_chunk, chunks, keys)

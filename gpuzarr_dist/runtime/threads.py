@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import FIRST_EXCEPTION, Executor, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
 
 from .. import config
+
+T = TypeVar("T")
 
 _lock = threading.Lock()
 _pools: dict[str, tuple[int, int, ThreadPoolExecutor]] = {}
@@ -49,3 +53,28 @@ def folder_pool() -> ThreadPoolExecutor:
     threads are enough.
     """
     return _pool("folders", min(4, config.io_threads()))
+
+
+def map_all(pool: Executor, fn: Callable[..., T], *iterables: Iterable[Any]) -> list[T]:
+    """``list(pool.map(fn, *iterables))``, except that no call is still running when an error leaves.
+
+    ``Executor.map`` raises at the first failed result while the calls after
+    it go on: reads into the caller's staging buffer (which the caller then
+    hands back to a shared pool), writes through file descriptors the caller
+    then closes (a reused descriptor number is another file), temporary files
+    of an object write the caller reports as failed. Here, on a failure, the
+    calls not started are cancelled and the running ones are waited for; then
+    the first failure in argument order is raised.
+    """
+    futures = [pool.submit(fn, *args) for args in zip(*iterables)]
+    try:
+        _, pending = wait(futures, return_when=FIRST_EXCEPTION)
+    except BaseException:  # interrupted while waiting: the calls stop with this thread's error
+        pending = set(futures)
+        raise
+    finally:
+        if pending:  # a call failed (or the wait was interrupted): start nothing more, let the running ones end
+            for f in pending:
+                f.cancel()
+            wait(pending)
+    return [f.result() for f in futures]  # the first failure in argument order (the cancelled ones come after it)

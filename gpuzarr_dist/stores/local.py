@@ -15,7 +15,7 @@ from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads, local_reads
 from ..stages import stage_timer
-from ..runtime.threads import io_pool
+from ..runtime.threads import io_pool, map_all
 
 
 _kvikio_state: list = []
@@ -90,7 +90,7 @@ class LocalChunkStore(ChunkStore):
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if len(keys) <= 1:
             return [self._read(k) for k in keys]
-        return list(io_pool().map(self._read, keys))
+        return map_all(io_pool(), self._read, keys)
 
     def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read the chunk files straight into one staging buffer (no intermediate bytes objects).
@@ -132,7 +132,7 @@ class LocalChunkStore(ChunkStore):
                     self._read_slot(keys[i], view[off : off + n], n)
 
             if len(keys) > 1 and mode != "inline":
-                list(io_pool().map(one, range(len(keys))))
+                map_all(io_pool(), one, range(len(keys)))  # none still reading into buf when an error leaves
             else:
                 for i in range(len(keys)):
                     one(i)
@@ -228,7 +228,7 @@ class LocalChunkStore(ChunkStore):
                     raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
 
             if len(requests) > 1:
-                return list(io_pool().map(one, requests))
+                return map_all(io_pool(), one, requests)  # none still reading when the files close
             return [one(r) for r in requests]
         finally:
             _close(fds)
@@ -267,7 +267,7 @@ class LocalChunkStore(ChunkStore):
 
         try:
             if len(reads) > 1:
-                return list(io_pool().map(one, reads))
+                return map_all(io_pool(), one, reads)  # none still reading into buf when the files close
             return [one(r) for r in reads]
         finally:
             _close(fds)

@@ -36,7 +36,7 @@ from concurrent.futures import wait
 from typing import Any
 
 from ..errors import ChunkReadError, ChunkWriteError
-from ..runtime.threads import io_pool
+from ..runtime.threads import io_pool, map_all
 
 #: a lone object larger than this is written by several I/O threads (pieces of about WRITE_PIECE_BYTES)
 SPLIT_WRITE_BYTES = 32 * 2**20
@@ -225,7 +225,7 @@ class LocalObjectWriter(ObjectWriter):
     def put_many(self, items: Sequence[tuple[str, Any]]) -> int:
         if len(items) <= 1:  # e.g. one shard per block: its pieces go out on several I/O threads
             return sum(self.put(k, d, split=True) for k, d in items)
-        return sum(io_pool().map(self._put_item, items))
+        return sum(map_all(io_pool(), self._put_item, items))  # none still writing when an error leaves
 
     def _put_item(self, item: tuple[str, Any]) -> int:
         return self.put(item[0], item[1])

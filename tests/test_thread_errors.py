@@ -132,3 +132,36 @@ def test_a_failed_read_waits_for_the_other_reads_into_the_buffer(tmp_path, monke
         with pytest.raises(ChunkReadError, match="c/1"):
             store.read_into([f"c/{i}" for i in range(6)], staging)
         assert busy["n"] == 0  # no read still writing into the buffer, or using a closed descriptor
+
+
+def test_gather_all_cancels_the_rest_and_raises_the_first_failure_in_order():
+    import asyncio
+
+    from gpuzarr_dist.runtime.aio import gather_all
+
+    state = {"slow_finished": False, "slow_cancelled": False}
+
+    async def slow():
+        try:
+            await asyncio.sleep(5)
+            state["slow_finished"] = True
+        except asyncio.CancelledError:
+            state["slow_cancelled"] = True
+            raise
+
+    async def fail(msg, delay):
+        await asyncio.sleep(delay)
+        raise ValueError(msg)
+
+    async def ok(v):
+        return v
+
+    async def main():
+        with pytest.raises(ValueError, match="first in order"):
+            # both fail in the same turn of the loop: the first in argument order is raised, whichever came first
+            await gather_all([slow(), fail("first in order", 0.0), fail("second", 0.0)])
+        assert state == {"slow_finished": False, "slow_cancelled": True}  # cancelled, and over, before the error left
+        assert await gather_all(ok(i) for i in range(5)) == [0, 1, 2, 3, 4]
+        assert await gather_all([]) == []
+
+    asyncio.run(main())

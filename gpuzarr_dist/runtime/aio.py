@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import dask.config
@@ -50,3 +50,28 @@ def limit() -> asyncio.Semaphore:
     if n not in sems:
         sems[n] = asyncio.Semaphore(n)
     return sems[n]
+
+
+async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
+    """``asyncio.gather``, except that no request is left running behind a failure.
+
+    ``gather`` raises the first failure while the other awaitables go on (an
+    object written after its batch was reported failed). Here the others are
+    cancelled and awaited, then the first failure in argument order is raised
+    (a cancelled one is not a failure).
+    """
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    if not tasks:
+        return []
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:  # also when this coroutine is cancelled: none of its tasks outlives it
+        pending = [t for t in tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            await asyncio.wait(pending)
+    for t in tasks:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
+    return [t.result() for t in tasks]

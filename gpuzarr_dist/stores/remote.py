@@ -184,7 +184,7 @@ class ObjectChunkStore(ChunkStore):
             async with sem:
                 return await self._get(key, rng)
 
-        return list(await asyncio.gather(*(one(k, r) for k, r in items)))
+        return await aio.gather_all(one(k, r) for k, r in items)
 
     async def _get(self, key: str, rng: tuple[int, int] | None) -> Any:
         """One object or range, retried on transient errors; ``None`` for a missing object."""

@@ -26,7 +26,6 @@ Writers are picklable and hold no open handles: dask ships them to workers.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import secrets
@@ -36,6 +35,7 @@ from concurrent.futures import wait
 from typing import Any
 
 from ..errors import ChunkReadError, ChunkWriteError
+from ..runtime.aio import gather_all
 from ..runtime.threads import io_pool, map_all
 
 #: a lone object larger than this is written by several I/O threads (pieces of about WRITE_PIECE_BYTES)
@@ -295,7 +295,7 @@ class ZarrStoreWriter(ObjectWriter):
             return len(view)
 
         async def put_all() -> int:
-            return sum(await asyncio.gather(*(put(k, d) for k, d in items)))
+            return sum(await gather_all(put(k, d) for k, d in items))  # none still writing after a failure
 
         return sync(put_all())
 
@@ -309,7 +309,7 @@ class ZarrStoreWriter(ObjectWriter):
                 raise ChunkReadError(self.array, key, self._reason(e)) from self._cause(e)
 
         async def all_() -> list[bool]:
-            return list(await asyncio.gather(*(one(k) for k in keys)))
+            return await gather_all(one(k) for k in keys)
 
         return sync(all_())
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
 from .base import ChunkStore, check_key
 from ..errors import ChunkReadError
+from ..runtime.aio import gather_all
 
 
 class ZarrChunkStore(ChunkStore):
@@ -34,7 +34,7 @@ class ZarrChunkStore(ChunkStore):
             return None if buf is None else buf.to_bytes()
 
         async def get_all() -> list[bytes | None]:
-            return list(await asyncio.gather(*(get(k) for k in keys)))
+            return await gather_all(get(k) for k in keys)
 
         return sync(get_all())
 

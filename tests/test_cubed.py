@@ -441,6 +441,8 @@ def test_cli_bench_cubed_quick(tmp_path):
     oc = kinds["ours-cubed"]
     assert oc["anomaly_one_chunk_s"] > 0 and oc["out_chunks"]  # gc.to_zarr and cubed.to_zarr, both checked
     assert all(r["threads"] == 2 for r in kinds.values())  # --threads sets every row
+    cores = (os.cpu_count() or 1) * 1.05  # CPU seconds over wall: at most every core (timer slack)
+    assert all(0 < r["mean_cores"] <= cores and 0 < r["anomaly_cores"] <= cores for r in kinds.values())
 
 
 def test_bench_cubed_threads_per_row(monkeypatch):

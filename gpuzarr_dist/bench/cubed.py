@@ -133,6 +133,18 @@ def _check(path: str, out_path: str, mean: Any) -> tuple[float, float]:
     return err_mean, err
 
 
+class _Clock:
+    """Wall seconds and the cores the process kept busy (CPU seconds of all its threads / wall) from here."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()  # process_time: all threads
+
+    def stop(self, res: dict, key: str) -> None:
+        wall = time.perf_counter() - self.wall
+        res[f"{key}_s"] = wall
+        res[f"{key}_cores"] = (time.process_time() - self.cpu) / wall if wall > 0 else None
+
+
 def _warm_up(fn: Any) -> float:
     """Run ``fn`` once, untimed by the rows; its seconds.
 
@@ -172,13 +184,13 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             # SourceArray: the source is a plan input; anything else: this cubed got the map_blocks read op
             res["source"] = f"{type(getattr(x, '_zarray', None)).__name__}, cubed {cubed.__version__}"
             res["warmup_s"] = _warm_up(lambda: xp.mean(x, axis=0).compute())
-            t = time.perf_counter()
+            clock = _Clock()
             m = xp.mean(x, axis=0).compute(callbacks=cbs)
-            res["mean_s"] = time.perf_counter() - t
+            clock.stop(res, "mean")
             ops = gc.OpTimings()  # per-operation tasks, seconds, bytes: where the anomaly's time goes
-            t = time.perf_counter()
+            clock = _Clock()
             z = gc.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs + [ops])  # chunks that batch-encode
-            res["anomaly_s"] = time.perf_counter() - t
+            clock.stop(res, "anomaly")
             res["anomaly_ops"] = ops.rows()
             res["out_chunks"] = list(z.chunks)
             _check_and_drop(path, out_path, m, res)
@@ -210,15 +222,15 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             x = gz.from_zarr_gpu(src, device=device)
             with dask.config.set(scheduler="threads", num_workers=threads):
                 res["warmup_s"] = _warm_up(lambda: x.mean(axis=0).compute())
-                t = time.perf_counter()
+                clock = _Clock()
                 m = x.mean(axis=0).compute()
-                res["mean_s"] = time.perf_counter() - t
-                t = time.perf_counter()
+                clock.stop(res, "mean")
+                clock = _Clock()
                 y = x - x.mean(axis=0)
                 res["anomaly_tasks"] = len(y.__dask_graph__())
                 res["blocks"] = [list(c[:2]) for c in x.chunks]
                 gz.to_zarr_gpu(y, out_path)  # our dask path's writer (GPU encode of cupy blocks)
-                res["anomaly_s"] = time.perf_counter() - t
+                clock.stop(res, "anomaly")
             _check_and_drop(path, out_path, m, res)
         elif kind == "cubed-cpu":
             import cubed
@@ -233,12 +245,12 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
                 cbs = [gc.progress_bar()]
             res["warmup_s"] = _warm_up(lambda: xp.mean(x, axis=0).compute())
-            t = time.perf_counter()
+            clock = _Clock()
             m = xp.mean(x, axis=0).compute(callbacks=cbs)
-            res["mean_s"] = time.perf_counter() - t
-            t = time.perf_counter()
+            clock.stop(res, "mean")
+            clock = _Clock()
             cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs)
-            res["anomaly_s"] = time.perf_counter() - t
+            clock.stop(res, "anomaly")
             _check_and_drop(path, out_path, m, res)
         else:
             raise ValueError(f"unknown row {kind!r}")
@@ -378,6 +390,10 @@ def format_result(res: dict) -> str:
         if r.get("anomaly_one_chunk_s"):
             g1 = n / r["anomaly_one_chunk_s"] / 1e9
             lines.append(f"{'  same, by cubed.to_zarr (one Zarr chunk per block)':<62} {'':>7} {gm:>10.3f} {g1:>13.3f}")
+    busy = [f"{r['kind']} {r['mean_cores']:.1f} / {r['anomaly_cores']:.1f}" for r in res["rows"]
+            if r.get("mean_cores") is not None and r.get("anomaly_cores") is not None]
+    if busy:  # a thread spinning in a wait for the GPU counts as busy (see gpuzarr.gpu.sync-wait)
+        lines.append("cores kept busy (process CPU seconds / wall), mean / anomaly: " + ", ".join(busy))
     warm = [f"{r['kind']} {r['warmup_s']:.2f}" for r in res["rows"] if r.get("warmup_s") is not None]
     if warm:
         lines.append("first mean of each process, untimed above (CUDA context, kernels, pools), seconds: "

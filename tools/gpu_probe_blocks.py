@@ -4,7 +4,9 @@ Reads every block of the array once (warm pass first) through ``BlockReader``
 from a thread pool, each task also summing its block on its thread's stream
 (as the Cubed variant's mean does), and prints GB/s of decoded data per block
 size, with the cores the process kept busy meanwhile (CPU seconds / wall:
-a thread spinning in a wait for the GPU counts as busy). ``--stages`` repeats
+a thread spinning in a wait for the GPU counts as busy) and the share of the
+time the task threads spent on a CPU (/proc: near 100% while most of their
+time is waiting for the GPU means they spin). ``--stages`` repeats
 each size with the read stages timed (adds synchronisations). Settings are
 dask config overrides, e.g. ``gpuzarr.gpu.min-batch=0`` or ``gpuzarr.gpu.sync-wait=blocking``.
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,6 +38,22 @@ def cpu_seconds() -> float:
 
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def threads_cpu(tids: list[int]) -> float:
+    """CPU seconds of these threads of this process (Linux ``/proc``); 0 where it cannot be read."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
 
 
 def main() -> int:
@@ -77,16 +96,18 @@ def main() -> int:
                 thread_stream()
                 return float(b.sum(axis=0, dtype="f8")[0, 0])
 
-            with ThreadPoolExecutor(threads) as pool:
+            workers: list[int] = []  # native ids of the task threads: the ones that wait for the GPU
+            with ThreadPoolExecutor(threads, initializer=lambda: workers.append(threading.get_native_id())) as pool:
                 list(pool.map(task, sels))  # warm: streams, codecs, pools
-                cpu0 = cpu_seconds()
+                cpu0, w0 = cpu_seconds(), threads_cpu(workers)
                 t = time.perf_counter()
                 list(pool.map(task, sels))
                 el = time.perf_counter() - t
                 busy = (cpu_seconds() - cpu0) / el  # cores this process kept busy (a thread spinning on a GPU wait counts)
+                on_cpu = (threads_cpu(workers) - w0) / (el * max(1, len(workers)))
                 line = (f"{str(setting) or 'default':<36} threads {threads:>2} block {steps:>4} steps "
                         f"({len(sels):>5} blocks of {nbytes / len(sels) / 1e6:7.1f} MB): {nbytes / el / 1e9:6.2f} GB/s, "
-                        f"{busy:4.1f} cores busy")
+                        f"{busy:4.1f} cores busy, task threads on a CPU {on_cpu:4.0%} of the time")
                 if a.stages:
                     stages.reset()
                     stages.enable(True)

@@ -81,13 +81,6 @@ def add_io(kind: str, seconds: float, nbytes: int) -> None:
         _io[f"{kind}_bytes"] += int(nbytes)
 
 
-def _nbytes_of(block: Any) -> int:
-    """Decoded bytes of a block (a dict of field blocks for a structured intermediate)."""
-    if isinstance(block, dict):
-        return sum(_nbytes_of(v) for v in block.values())
-    return int(getattr(block, "nbytes", 0) or 0)
-
-
 def _count(**inc: int) -> None:
     with _lock:
         for k, v in inc.items():
@@ -203,7 +196,7 @@ class IntermediateArray:
                 block = reader[selection]
             return block
         finally:
-            add_io("read", time.perf_counter() - t0, _nbytes_of(block))
+            add_io("read", time.perf_counter() - t0, 0 if block is None else block.nbytes)
 
     def _writer(self) -> Any:
         """The array's :class:`~gpuzarr_dist.write.BlockWriter` (cached per process), or why there is none (a str)."""

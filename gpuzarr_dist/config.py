@@ -75,6 +75,21 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     16 x 16 MB 7.70 / 5.21, 16 x 4 MB 4.38 / 4.02. On one H100: decoding
     8 x 2 MB 2.1 / 4.9, 32 x 2 MB 6.0 / 4.0; one 0.5 MB chunk encoded in 33 ms
     against 1.3 ms. Lower them where a GPU has few CPU cores.
+``gpuzarr.gpu.read-slots``
+    With ``device="gpu"``, at most this many blocks of a process read their
+    files at the same time (``0``: no limit); the others wait their turn, in
+    the order they asked. A block's read already runs on many threads
+    (kvikio's, or the I/O threads). When every task reads at once, the reads
+    share the host's bandwidth and all blocks land together, late, so the GPU
+    idles first and the reads idle later. One at a time, the first block
+    lands after its own read and decodes while the next ones are read.
+    Default 1. Measured on one H100: ``tools/gpu_probe_timeline.py`` (2400
+    ERA5-like steps, blocks of 225 chunks, 16 threads) 15.07 GB/s with every
+    block reading at once (the first block's reads took 378 ms, against 20-35
+    ms alone) and 19.70 with one slot; ``bench read --time-steps 1200
+    --read-slots 0`` (same run) 13.08 GB/s with every block at once and 15.98
+    with one slot. With only 3 to 5 blocks (600 steps) the runs did not tell
+    them apart.
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -202,6 +217,18 @@ def gpu_sync_wait() -> str:
     if v not in SYNC_WAITS:
         raise ValueError(f"gpuzarr.gpu.sync-wait must be one of {', '.join(SYNC_WAITS)}, not {v!r}")
     return v
+
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1}}})
+
+
+def gpu_read_slots() -> int:
+    """``gpuzarr.gpu.read-slots``: blocks of a process that read their files at once on the GPU path (0: any)."""
+    v = dask.config.get("gpuzarr.gpu.read-slots", 1)
+    n = 0 if v in (None, "", "none", "None") else int(v)
+    if n < 0:
+        raise ValueError(f"gpuzarr.gpu.read-slots must be a count of at least 0, not {v!r}")
+    return n
 
 
 def gpu_min_batch_bytes() -> int:

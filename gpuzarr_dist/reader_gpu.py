@@ -6,6 +6,9 @@ block is returned (so the pinned staging buffer can be reused and the block
 is complete for whichever thread uses it next). A chain the GPU cannot decode
 (see :func:`gpuzarr_dist.codecs.gpu.gpu_unsupported`) is decoded on the CPU
 into pinned memory and copied up once per block, with one warning per codec.
+At most ``gpuzarr.gpu.read-slots`` blocks of the process read their files at
+once (one by default), so that blocks land one after another and each decodes
+while the next ones are read.
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import cupy
 from .assemble import Plan
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
+from .config import gpu_read_slots
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream
+from .runtime.threads import read_slot
 from .runtime.once import warn_once
 
 if TYPE_CHECKING:
@@ -47,7 +52,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         return out
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
-    host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
+    with read_slot(gpu_read_slots()):  # blocks land one after another: each decodes while the next ones read
+        host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:
         present = [i for i, n in enumerate(sizes) if n >= 0]

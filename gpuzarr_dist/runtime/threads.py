@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_EXCEPTION, Executor, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
@@ -53,6 +55,65 @@ def folder_pool() -> ThreadPoolExecutor:
     threads are enough.
     """
     return _pool("folders", min(4, config.io_threads()))
+
+
+_slots: dict[tuple[int, int], "_FifoSemaphore"] = {}
+
+
+@contextmanager
+def read_slot(n: int) -> Iterator[None]:
+    """Hold one of ``n`` process-wide slots for a block's read (``n`` 0: no limit), first come first served.
+
+    Waiting threads are let in in the order they asked, so blocks land one
+    after another in task order instead of all together.
+    """
+    if n <= 0:
+        yield
+        return
+    key = (os.getpid(), n)  # a forked child makes its own
+    sem = _slots.get(key)
+    if sem is None:
+        with _lock:
+            sem = _slots.setdefault(key, _FifoSemaphore(n))
+    sem.acquire()
+    try:
+        yield
+    finally:
+        sem.release()
+
+
+class _FifoSemaphore:
+    """A counting semaphore that wakes its waiters in arrival order (``threading.Semaphore`` promises no order)."""
+
+    def __init__(self, n: int):
+        self._free = n
+        self._lock = threading.Lock()
+        self._waiters: deque[threading.Lock] = deque()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return
+            gate = threading.Lock()
+            gate.acquire()
+            self._waiters.append(gate)
+        try:
+            gate.acquire()  # released by the release() that hands this waiter its slot
+        except BaseException:  # interrupted while waiting: give up the place, or the slot it was just handed
+            with self._lock:
+                if gate in self._waiters:
+                    self._waiters.remove(gate)
+                    raise
+            self.release()
+            raise
+
+    def release(self) -> None:
+        with self._lock:
+            if self._waiters:
+                self._waiters.popleft().release()  # the slot passes straight to the longest waiter
+            else:
+                self._free += 1
 
 
 def map_all(pool: Executor, fn: Callable[..., T], *iterables: Iterable[Any]) -> list[T]:

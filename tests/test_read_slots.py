@@ -1,0 +1,124 @@
+"""``gpuzarr.gpu.read-slots``: at most N blocks of a process read their files at once, first come first served.
+
+CPU tests cover the setting and the slot helper; the test marked ``gpu``
+reads with one slot under many threads and compares with zarr-python.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import dask
+import numpy as np
+import pytest
+import zarr.codecs as zc
+
+import gpuzarr_dist as gz
+from conftest import assert_same, make_data, reference, write_array
+from gpuzarr_dist.config import gpu_read_slots
+from gpuzarr_dist.runtime.threads import _FifoSemaphore, read_slot
+
+
+def test_read_slots_setting():
+    assert gpu_read_slots() == 1  # the default: one block reads at a time
+    with dask.config.set({"gpuzarr.gpu.read-slots": "2"}):
+        assert gpu_read_slots() == 2
+    for off in (0, None):
+        with dask.config.set({"gpuzarr.gpu.read-slots": off}):
+            assert gpu_read_slots() == 0
+    with dask.config.set({"gpuzarr.gpu.read-slots": -1}), pytest.raises(ValueError, match="read-slots"):
+        gpu_read_slots()
+
+
+def _max_inside(n_slots: int, threads: int, hold: float = 0.01) -> int:
+    inside, peak, lock = [0], [0], threading.Lock()
+
+    def one(_):
+        with read_slot(n_slots):
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            time.sleep(hold)
+            with lock:
+                inside[0] -= 1
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(threads * 3)))
+    return peak[0]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_read_slot_bounds_the_reads_in_flight(n):
+    assert _max_inside(n, 8) == n
+
+
+def test_no_slots_means_no_limit():
+    assert _max_inside(0, 8, hold=0.05) > 3
+
+
+def test_waiters_get_the_slot_in_the_order_they_asked():
+    sem = _FifoSemaphore(1)
+    sem.acquire()
+    order, threads = [], []
+    for i in range(6):
+        def wait(i=i):
+            sem.acquire()
+            order.append(i)
+            sem.release()
+
+        t = threading.Thread(target=wait)
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 5
+        while len(sem._waiters) < i + 1 and time.monotonic() < deadline:  # queued before the next one starts
+            time.sleep(0.001)
+    sem.release()
+    for t in threads:
+        t.join(5)
+    assert order == list(range(6))
+    assert sem._free == 1 and not sem._waiters
+
+
+def test_an_error_inside_gives_the_slot_back():
+    for _ in range(3):
+        with pytest.raises(RuntimeError), read_slot(1):
+            raise RuntimeError("read failed")
+    assert _max_inside(1, 4) == 1  # the slot is free again, and still only one
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slots", [0, 1, 2])
+def test_read_slots_under_many_threads_equal_zarr_python(tmp_path, monkeypatch, slots):
+    from gpuzarr_dist.stores.local import LocalChunkStore
+
+    path = str(tmp_path / "a.zarr")
+    data = make_data("float32", (64, 32, 40), seed=5, specials=False)
+    write_array(path, data, (2, 16, 20), compressors=[zc.ZstdCodec(level=1)])
+    expected = reference(path)
+    inside, peak, lock = [0], [0], threading.Lock()
+    real = LocalChunkStore.read_into
+
+    def read_into(self, *args, **kwargs):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        try:
+            time.sleep(0.005)
+            return real(self, *args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(LocalChunkStore, "read_into", read_into)
+    x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 32, 40))  # 8 blocks of 16 chunks
+    with dask.config.set({"gpuzarr.gpu.read-slots": slots, "scheduler": "threads", "num_workers": 8}):
+        for _ in range(3):
+            assert_same(x.compute().get(), expected)
+            got = x.astype("f8").mean(axis=0).compute().get()
+            np.testing.assert_allclose(got, expected.astype("f8").mean(axis=0), rtol=1e-12, atol=1e-9)
+    if slots:
+        assert peak[0] == slots
+    else:
+        assert peak[0] > 2  # unlimited: blocks read together

@@ -3,9 +3,9 @@
 Reads every block of the array once (after a warm pass) through ``BlockReader``
 from a thread pool and records, per block, when its file reads started and
 ended and when its decode (``decode_batch_gpu`` up to its stream's sync)
-started and ended, in ms from the start of the pass. ``--serial-reads`` lets
-one block read its files at a time (a lock around the store's ``read_into``),
-to see whether reads then overlap other blocks' decodes. Settings are dask
+started and ended, in ms from the start of the pass. ``--serial-reads on``
+reads with ``gpuzarr.gpu.read-slots`` 1 (one block reads its files at a time,
+the default), ``off`` with 0 (every block at once). Settings are dask
 config overrides (``--set gpuzarr.gpu.zstd-check=headers``).
 
     python3 tools/gpu_probe_timeline.py --path /tmp/b/era5.zarr --steps 225 --threads 16 --serial-reads both
@@ -42,21 +42,14 @@ def main() -> int:
     sels = [(slice(t, min(t + a.steps, spec.shape[0])), *rest) for t in range(0, spec.shape[0], a.steps)]
     events: dict[int, dict[str, float]] = {}
     t0 = [0.0]
-    lock = threading.Lock()
-    serial = [False]
     real_read, real_decode = type(store).read_into, rg.decode_batch_gpu
 
     def mark(name: str) -> None:
         events.setdefault(threading.get_ident(), {})[name] = (time.perf_counter() - t0[0]) * 1e3
 
     def read_into(self, *args, **kwargs):
-        if serial[0]:
-            with lock:
-                mark("read0")
-                out = real_read(self, *args, **kwargs)
-        else:
-            mark("read0")
-            out = real_read(self, *args, **kwargs)
+        mark("read0")  # inside the read slot: the wait for a slot is not the read's
+        out = real_read(self, *args, **kwargs)
         mark("read1")
         return out
 
@@ -73,8 +66,7 @@ def main() -> int:
     settings = [{}] + [dict(kv.split("=", 1) for kv in g.split(",")) for g in a.set]
     for setting in settings:
         for mode in modes:
-            serial[0] = mode
-            with dask.config.set(setting):
+            with dask.config.set(setting, **{"gpuzarr.gpu.read-slots": 1 if mode else 0}):
                 r = BlockReader(store, spec, "gpu")
                 with ThreadPoolExecutor(a.threads) as pool:
                     list(pool.map(lambda s: r[s].sum(), sels))  # warm

@@ -77,8 +77,9 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     against 1.3 ms. Lower them where a GPU has few CPU cores.
 ``gpuzarr.gpu.read-slots``
     With ``device="gpu"``, at most this many blocks of a process read their
-    files at the same time (``0``: no limit); the others wait their turn, in
-    the order they asked. A block's read already runs on many threads
+    local files at the same time (``0``: no limit); the others wait their
+    turn, in the order they asked. Object stores are not limited (their
+    requests in flight are capped by ``gpuzarr.remote.concurrency``). A block's read already runs on many threads
     (kvikio's, or the I/O threads). When every task reads at once, the reads
     share the host's bandwidth and all blocks land together, late, so the GPU
     idles first and the reads idle later. One at a time, the first block

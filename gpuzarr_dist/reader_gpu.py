@@ -6,9 +6,9 @@ block is returned (so the pinned staging buffer can be reused and the block
 is complete for whichever thread uses it next). A chain the GPU cannot decode
 (see :func:`gpuzarr_dist.codecs.gpu.gpu_unsupported`) is decoded on the CPU
 into pinned memory and copied up once per block, with one warning per codec.
-At most ``gpuzarr.gpu.read-slots`` blocks of the process read their files at
+At most ``gpuzarr.gpu.read-slots`` blocks of the process read local files at
 once (one by default), so that blocks land one after another and each decodes
-while the next ones are read.
+while the next ones are read (:attr:`~gpuzarr_dist.stores.base.ChunkStore.read_turns`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         return out
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
-    with read_slot(gpu_read_slots()):  # blocks land one after another: each decodes while the next ones read
+    slots = gpu_read_slots() if reader.store.read_turns else 0  # local files; object stores cap requests already
+    with read_slot(slots):  # blocks land one after another: each decodes while the next ones read
         host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:

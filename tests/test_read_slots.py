@@ -88,6 +88,59 @@ def test_an_error_inside_gives_the_slot_back():
     assert _max_inside(1, 4) == 1  # the slot is free again, and still only one
 
 
+def test_only_local_files_take_turns(tmp_path):
+    """Turns are for local files (their reads share the host's bandwidth), sharded or not; object stores and
+    zarr-python stores keep every block's requests in flight (they are capped per process already)."""
+    import zarr
+
+    from gpuzarr_dist.stores.local import LocalChunkStore
+    from gpuzarr_dist.stores.remote import ObjectChunkStore
+    from gpuzarr_dist.stores.source import open_source
+    from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
+
+    assert LocalChunkStore.read_turns and not ObjectChunkStore.read_turns and not ZarrChunkStore.read_turns
+    path = str(tmp_path / "s.zarr")
+    a = zarr.create_array(path, shape=(8, 8), chunks=(2, 2), shards=(4, 4), dtype="f4")
+    a[...] = 1
+    store, _ = open_source(path)
+    assert type(store).__name__ == "ShardedChunkStore" and store.read_turns
+    store.base = ObjectChunkStore.__new__(ObjectChunkStore)  # the same shards behind an object store
+    assert not store.read_turns
+    mem, _ = open_source(zarr.open_array(zarr.storage.MemoryStore(), mode="w", shape=(4,), chunks=(2,), dtype="f4"))
+    assert isinstance(mem, ZarrChunkStore) and not mem.read_turns
+
+
+@pytest.mark.gpu
+def test_blocks_from_a_zarr_store_do_not_take_turns(monkeypatch):
+    import zarr
+
+    from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
+
+    data = make_data("float32", (64, 32, 40), seed=6, specials=False)
+    z = zarr.open_array(zarr.storage.MemoryStore(), mode="w", shape=data.shape, chunks=(2, 16, 20), dtype="f4",
+                        compressors=[zc.ZstdCodec(level=1)])
+    z[...] = data
+    inside, peak, lock = [0], [0], threading.Lock()
+    real = ZarrChunkStore.read_into
+
+    def read_into(self, *args, **kwargs):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        try:
+            time.sleep(0.02)
+            return real(self, *args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(ZarrChunkStore, "read_into", read_into)
+    x = gz.from_zarr_gpu(z, device="gpu", chunks=(8, 32, 40))
+    with dask.config.set({"gpuzarr.gpu.read-slots": 1, "scheduler": "threads", "num_workers": 8}):
+        assert_same(x.compute().get(), z[...])
+    assert peak[0] > 1
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("slots", [0, 1, 2])
 def test_read_slots_under_many_threads_equal_zarr_python(tmp_path, monkeypatch, slots):

@@ -79,6 +79,11 @@ class ChunkStore(ABC):
     #: request costs a round trip; local files read the index and scatter the ranges into place instead
     whole_shards: bool = False
 
+    #: the GPU path's blocks take turns reading from this store (``gpuzarr.gpu.read-slots``): local files,
+    #: whose reads share the host's bandwidth (measured); not object stores, whose requests in flight are
+    #: capped per process already (``gpuzarr.remote.concurrency``), and where one block may not fill them
+    read_turns: bool = False
+
     def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each :class:`~.ranges.ByteRange`, ``None`` where the object is absent.
 

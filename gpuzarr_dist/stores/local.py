@@ -48,6 +48,8 @@ def _kvikio() -> Any:
 class LocalChunkStore(ChunkStore):
     """The chunk files of one array under ``root`` (the array's folder)."""
 
+    read_turns = True  # the reads of all blocks share the host's read bandwidth (see ChunkStore.read_turns)
+
     def __init__(self, root: str, array: str | None = None):
         self.root = os.path.abspath(root)
         self.array = array or self.root

@@ -125,6 +125,10 @@ class ShardedChunkStore(ChunkStore):
     def merge_gap_default(self) -> int:  # type: ignore[override]
         return self.base.merge_gap_default
 
+    @property
+    def read_turns(self) -> bool:  # type: ignore[override]
+        return self.base.read_turns
+
     def _split(self, key: str) -> tuple[str, int]:
         shard, inner = key[:-1].split("[")
         pos = tuple(int(i) for i in inner.split(",")) if inner else ()

@@ -52,7 +52,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         return out
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
-    slots = gpu_read_slots() if reader.store.read_turns else 0  # local files; object stores cap requests already
+    slots = gpu_read_slots() if getattr(reader.store, "read_turns", False) else 0  # local files; object stores cap requests already
     with read_slot(slots):  # blocks land one after another: each decodes while the next ones read
         host, offsets, sizes = reader.store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
     timed("read files")

@@ -226,13 +226,18 @@ def gpu_sync_wait() -> str:
 dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1}}})
 
 
-def gpu_read_slots() -> int:
-    """``gpuzarr.gpu.read-slots``: blocks of a process that read their files at once on the GPU path (0: any)."""
-    v = dask.config.get("gpuzarr.gpu.read-slots", 1)
+def _count_setting(key: str, default: int) -> int:
+    """A count setting: an int (or its string) of at least 0; ``None``/``"none"`` mean 0. Raises naming the key."""
+    v = dask.config.get(key, default)
     n = 0 if v in (None, "", "none", "None") else int(v)
     if n < 0:
-        raise ValueError(f"gpuzarr.gpu.read-slots must be a count of at least 0, not {v!r}")
+        raise ValueError(f"{key} must be a count of at least 0, not {v!r}")
     return n
+
+
+def gpu_read_slots() -> int:
+    """``gpuzarr.gpu.read-slots``: blocks of a process that read their local files at once on the GPU path (0: any)."""
+    return _count_setting("gpuzarr.gpu.read-slots", 1)
 
 
 def gpu_min_batch_bytes() -> int:
@@ -242,11 +247,7 @@ def gpu_min_batch_bytes() -> int:
 
 def gpu_min_batch_chunks() -> int:
     """``gpuzarr.gpu.min-batch-chunks``: GPU decodes of fewer chunks run on the CPU."""
-    v = dask.config.get("gpuzarr.gpu.min-batch-chunks", 8)
-    n = 0 if v in (None, "", "none", "None") else int(v)
-    if n < 0:
-        raise ValueError(f"gpuzarr.gpu.min-batch-chunks must be a count of at least 0, not {v!r}")
-    return n
+    return _count_setting("gpuzarr.gpu.min-batch-chunks", 8)
 
 
 dask.config.update_defaults({"gpuzarr": {"gpu": {"zstd-check": "literals"}}})

@@ -110,6 +110,26 @@ def test_only_local_files_take_turns(tmp_path):
     assert isinstance(mem, ZarrChunkStore) and not mem.read_turns
 
 
+def _count_concurrent_reads(monkeypatch, cls, hold: float) -> list[int]:
+    """Patch ``cls.read_into`` to hold each call ``hold`` seconds; returns ``[peak calls at once]`` (updated live)."""
+    inside, peak, lock = [0], [0], threading.Lock()
+    real = cls.read_into
+
+    def read_into(self, *args, **kwargs):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        try:
+            time.sleep(hold)
+            return real(self, *args, **kwargs)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(cls, "read_into", read_into)
+    return peak
+
+
 @pytest.mark.gpu
 def test_blocks_from_a_zarr_store_do_not_take_turns(monkeypatch):
     import zarr
@@ -120,21 +140,7 @@ def test_blocks_from_a_zarr_store_do_not_take_turns(monkeypatch):
     z = zarr.open_array(zarr.storage.MemoryStore(), mode="w", shape=data.shape, chunks=(2, 16, 20), dtype="f4",
                         compressors=[zc.ZstdCodec(level=1)])
     z[...] = data
-    inside, peak, lock = [0], [0], threading.Lock()
-    real = ZarrChunkStore.read_into
-
-    def read_into(self, *args, **kwargs):
-        with lock:
-            inside[0] += 1
-            peak[0] = max(peak[0], inside[0])
-        try:
-            time.sleep(0.02)
-            return real(self, *args, **kwargs)
-        finally:
-            with lock:
-                inside[0] -= 1
-
-    monkeypatch.setattr(ZarrChunkStore, "read_into", read_into)
+    peak = _count_concurrent_reads(monkeypatch, ZarrChunkStore, 0.02)
     x = gz.from_zarr_gpu(z, device="gpu", chunks=(8, 32, 40))
     with dask.config.set({"gpuzarr.gpu.read-slots": 1, "scheduler": "threads", "num_workers": 8}):
         assert_same(x.compute().get(), z[...])
@@ -150,21 +156,7 @@ def test_read_slots_under_many_threads_equal_zarr_python(tmp_path, monkeypatch, 
     data = make_data("float32", (64, 32, 40), seed=5, specials=False)
     write_array(path, data, (2, 16, 20), compressors=[zc.ZstdCodec(level=1)])
     expected = reference(path)
-    inside, peak, lock = [0], [0], threading.Lock()
-    real = LocalChunkStore.read_into
-
-    def read_into(self, *args, **kwargs):
-        with lock:
-            inside[0] += 1
-            peak[0] = max(peak[0], inside[0])
-        try:
-            time.sleep(0.005)
-            return real(self, *args, **kwargs)
-        finally:
-            with lock:
-                inside[0] -= 1
-
-    monkeypatch.setattr(LocalChunkStore, "read_into", read_into)
+    peak = _count_concurrent_reads(monkeypatch, LocalChunkStore, 0.005)
     x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 32, 40))  # 8 blocks of 16 chunks
     with dask.config.set({"gpuzarr.gpu.read-slots": slots, "scheduler": "threads", "num_workers": 8}):
         for _ in range(3):

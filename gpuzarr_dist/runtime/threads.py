@@ -1,7 +1,9 @@
-"""Per-process thread pools shared by all tasks: one for reads, one for CPU decoding.
+"""Per-process thread pools shared by all tasks (one for reads, one for CPU decoding), and the read turns.
 
 Pools are created on first use and re-created in a forked child, so worker
-processes never inherit a parent's dead threads.
+processes never inherit a parent's dead threads. :func:`read_slot` lets a few
+blocks of the process read at a time, in the order they asked; :func:`map_all`
+runs calls on a pool and leaves none running behind an error.
 """
 
 from __future__ import annotations

@@ -137,8 +137,8 @@ def test_blocks_from_a_zarr_store_do_not_take_turns(monkeypatch):
     from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
 
     data = make_data("float32", (64, 32, 40), seed=6, specials=False)
-    z = zarr.open_array(zarr.storage.MemoryStore(), mode="w", shape=data.shape, chunks=(2, 16, 20), dtype="f4",
-                        compressors=[zc.ZstdCodec(level=1)])
+    z = zarr.create_array(zarr.storage.MemoryStore(), shape=data.shape, chunks=(2, 16, 20), dtype="f4",
+                          compressors=[zc.ZstdCodec(level=1)])
     z[...] = data
     peak = _count_concurrent_reads(monkeypatch, ZarrChunkStore, 0.02)
     x = gz.from_zarr_gpu(z, device="gpu", chunks=(8, 32, 40))

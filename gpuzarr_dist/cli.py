@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "shards":
             b.add_argument("--windows", metavar="N", type=_positive_int, help="random windows to read (default 2048)")
             b.add_argument("--batch", metavar="N", type=_positive_int, help="windows per WindowSampler call (default 64)")
+            b.add_argument("--in-flight", metavar="N", type=_positive_int,
+                           help="WindowSampler.batches calls in flight, and tensorstore with as many windows (default 4)")
         if name == "remote":
             b.add_argument("--server", choices=("process", "thread"), default="process",
                            help="moto's server in its own process (default) or in threads of this one")

@@ -12,6 +12,9 @@ on the GPU), and cuts every window out of the decoded chunks with one gather
 
 No dask is involved: call it from a data loader's thread. The returned array
 is ``(n, *window)``: numpy on the CPU, cupy on the GPU (complete when returned).
+:meth:`WindowSampler.batches` reads batch after batch with several calls in
+flight (a loader's prefetch); calls overlap well because each one mostly waits
+for its reads and for one nvCOMP call.
 
 For a sharded array the sampler keeps the shard indexes it has read across
 calls (``index_cache``, 64 MiB by default, least recently used dropped first),
@@ -24,7 +27,9 @@ taken to be unchanged while the sampler lives (a training set). Pass
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,7 +47,8 @@ class WindowSampler:
 
     ``WindowSampler(source, window, component=None, *, device="auto", storage_options=None, index_cache="64 MiB")``
     opens the array once (same ``source`` forms as :func:`~gpuzarr_dist.from_zarr_gpu`);
-    :meth:`sample` then reads one batch of windows per call. ``index_cache``
+    :meth:`sample` then reads one batch of windows per call, and :meth:`batches` many, with calls
+    overlapping. ``index_cache``
     (bytes, or a string such as ``"64 MiB"``; 0 or ``None`` turns it off) bounds
     the shard indexes kept across calls of a sharded array (see the module docstring).
     """
@@ -112,6 +118,44 @@ class WindowSampler:
             sync_thread_stream()  # complete when returned (and the cut's time is its own)
         timed("windows: cut")
         return out
+
+    def batches(self, starts: Iterable[Any], in_flight: int = 2) -> Iterator[Any]:
+        """:meth:`sample` of each item of ``starts`` (each an ``(n, ndim)`` array of corners), in order,
+        with up to ``in_flight`` calls running at once: a data loader's prefetch.
+
+        A call spends most of its time waiting (for its file reads, then for
+        one nvCOMP call whose time hardly depends on how many chunks it
+        decodes), so calls on several threads overlap; on the GPU each
+        thread has its own stream. At most ``in_flight`` batches are being
+        read, plus the one the caller holds. ``starts`` is consumed lazily, so
+        it may be an endless generator::
+
+            for w in sampler.batches(sampler.random_starts(64) for _ in range(1000)):
+                ...
+
+        An error in a call (a window outside the array, a damaged chunk) is
+        raised where its batch would have been yielded; the calls still
+        running are waited for, and the rest are not started. Closing the
+        iterator early (``break``) does the same.
+        """
+        in_flight = int(in_flight)
+        if in_flight < 1:
+            raise ValueError(f"{self.spec.name}: in_flight must be at least 1, got {in_flight}")
+        items = iter(starts)
+        pool = ThreadPoolExecutor(in_flight, thread_name_prefix="gpuzarr-windows")
+        pending: deque[Future] = deque()
+        try:
+            for item in itertools.islice(items, in_flight):
+                pending.append(pool.submit(self.sample, item))
+            while pending:
+                out = pending.popleft().result()
+                for item in itertools.islice(items, 1):  # keep in_flight calls running while the caller works
+                    pending.append(pool.submit(self.sample, item))
+                yield out
+        finally:
+            for f in pending:
+                f.cancel()
+            pool.shutdown(wait=True)  # no call left running (on the GPU: no stream with work still queued)
 
     def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
         """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""

@@ -233,10 +233,14 @@ def test_bench_read_read_slots_rows(tmp_path, capsys):
 def test_bench_shards_quick(tmp_path, capsys):
     from gpuzarr_dist.cli import main
 
-    assert main(["bench", "shards", "--quick", "--device", "cpu", "--windows", "32", "--out", str(tmp_path)]) == 0
+    assert main(["bench", "shards", "--quick", "--device", "cpu", "--windows", "32", "--in-flight", "2",
+                 "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "unsharded rate" in out and "windows/s" in out and "tensorstore" in out and "zarr-python" in out
+    assert "WindowSampler.batches, 2 calls in flight" in out
     assert (tmp_path / "bench-shards.json").exists()
+    if "tensorstore, 128 reads in flight" in out:  # tensorstore installed: it gets as many windows in flight
+        assert "128 windows in flight each: WindowSampler.batches / tensorstore" in out
 
 
 def test_bench_remote_quick(tmp_path, capsys):

@@ -111,3 +111,86 @@ def test_device_gather_matches_host_copies():
         expected = mosaic[o[0]:o[0] + window[0], o[1]:o[1] + window[1], o[2]:o[2] + window[2]]
         np.testing.assert_array_equal(host[w], expected)
         np.testing.assert_array_equal(gathered[w], expected)
+
+
+@pytest.mark.parametrize("in_flight", [1, 3])
+def test_batches_equal_zarr_python_in_order(tmp_path, in_flight):
+    """batches(): each batch equals zarr-python's windows, in the order asked, with calls overlapping."""
+    data = make_data("float32", (9, 45, 62), seed=34)
+    path = str(tmp_path / "w.zarr")
+    _sharded(path, data)
+    z = zarr.open_array(path, mode="r")
+    s = gz.WindowSampler(path, (3, 10, 11), device=dev())
+    asked = [s.random_starts(k, rng=k) for k in (5, 1, 8, 3, 6, 2, 7)]  # different sizes: the order shows
+    got = list(s.batches(iter(asked), in_flight=in_flight))
+    assert len(got) == len(asked)
+    for starts, out in zip(asked, got):
+        out = _host(out)
+        assert out.shape == (len(starts), 3, 10, 11)
+        for w, (t, y, x) in zip(out, starts):
+            np.testing.assert_array_equal(w, z[t:t + 3, y:y + 10, x:x + 11])
+
+
+def test_batches_raise_at_the_bad_batch_and_stop(tmp_path):
+    """A bad batch raises where it would have been yielded; the earlier ones arrive, later ones are not read."""
+    data = make_data("int16", (6, 40, 50), seed=35)
+    path = str(tmp_path / "t.zarr")
+    _sharded(path, data, shards=(3, 20, 25), inner=(1, 5, 5))
+    z = zarr.open_array(path, mode="r")
+    s = gz.WindowSampler(path, (2, 4, 4), device=dev())
+    consumed = []
+
+    def starts():
+        for i in range(50):
+            consumed.append(i)
+            yield [[0, 0, 0]] if i != 2 else [[5, 0, 0]]  # batch 2's window runs past the time axis
+
+    it = s.batches(starts(), in_flight=2)
+    for _ in range(2):
+        np.testing.assert_array_equal(_host(next(it))[0], z[0:2, 0:4, 0:4])
+    with pytest.raises(IndexError, match="outside"):
+        next(it)
+    assert max(consumed) <= 2 + 2  # reads ran at most in_flight batches ahead of the failure
+    with pytest.raises(StopIteration):
+        next(it)
+    with pytest.raises(ValueError, match="in_flight"):
+        next(s.batches([[[0, 0, 0]]], in_flight=0))
+
+
+def test_batches_closed_early_waits_for_running_calls(tmp_path):
+    data = make_data("float32", (8, 48, 60), seed=36)
+    path = str(tmp_path / "b.zarr")
+    _sharded(path, data)
+    s = gz.WindowSampler(path, (2, 8, 10), device=dev())
+    it = s.batches((s.random_starts(16, rng=i) for i in range(1000)), in_flight=4)
+    first = _host(next(it))
+    it.close()  # the generator's cleanup: cancels what has not started, waits for what runs
+    assert first.shape == (16, 2, 8, 10)
+    np.testing.assert_array_equal(_host(s.sample([[0, 0, 0]]))[0], data[0:2, 0:8, 0:10])
+
+
+def test_batches_keep_in_flight_calls_running(tmp_path, monkeypatch):
+    """in_flight calls run at once, never more: the prefetch is real and bounded."""
+    import threading
+    import time
+
+    data = make_data("float32", (8, 48, 60), seed=37)
+    path = str(tmp_path / "c.zarr")
+    _sharded(path, data)
+    s = gz.WindowSampler(path, (2, 8, 10), device=dev())
+    real, lock, inside, peak = s.sample, threading.Lock(), [0], [0]
+
+    def slow_sample(starts):
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        try:
+            time.sleep(0.05)
+            return real(starts)
+        finally:
+            with lock:
+                inside[0] -= 1
+
+    monkeypatch.setattr(s, "sample", slow_sample)
+    out = list(s.batches((s.random_starts(4, rng=i) for i in range(12)), in_flight=3))
+    assert len(out) == 12 and peak[0] == 3

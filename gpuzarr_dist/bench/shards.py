@@ -83,8 +83,15 @@ def _best(fn: Callable[[], None], repeat: int) -> float:
     return min(times)
 
 
-def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch: int, seed: int = 0) -> list[tuple[str, float, str]]:
-    """Windows per second for each tool on the same random windows: ``(name, windows/s, note)``."""
+def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch: int, seed: int = 0,
+                 in_flight: int = 4) -> tuple[list[tuple[str, float, str]], dict]:
+    """Windows per second for each tool on the same random windows, ``[(name, windows/s, note)]``, and
+    the stage times (:mod:`..stages`) of our timed calls made one at a time.
+
+    Ours one call at a time, then through :meth:`WindowSampler.batches` with
+    ``in_flight`` calls at once; tensorstore with one call's windows in flight,
+    then with as many as our ``in_flight`` calls hold (``batch * in_flight``).
+    """
     import zarr
 
     from ..windows import WindowSampler
@@ -103,11 +110,27 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
     from .. import stages
 
     stages.reset()  # the stage table is of the timed calls: the warm-up compiles CuPy's gather kernels
+    stages.enable()
     t0 = time.perf_counter()
     ours()
     t = time.perf_counter() - t0
+    stage_times = stages.snapshot()
+    stages.enable(False)  # the calls in flight below run without the stage timer's synchronisations
     out.append((f"gpuzarr-dist WindowSampler, {batch} windows per call", n / t,
                 f"{device}; fresh windows, shard-index cache as left by {n} other windows"))
+    if in_flight > 1:
+        fresh = sampler.random_starts(n, rng=seed + 2)  # windows no row has read yet
+
+        def prefetched() -> None:
+            for w in sampler.batches((fresh[i : i + batch] for i in range(0, n, batch)), in_flight=in_flight):
+                pass
+            float(w[0, 0, 0, 0])
+
+        t0 = time.perf_counter()
+        prefetched()
+        t = time.perf_counter() - t0
+        out.append((f"gpuzarr-dist WindowSampler.batches, {in_flight} calls in flight", n / t,
+                    f"{batch * in_flight} windows in flight"))
     a = zarr.open_array(path, mode="r")
     m = min(n, 64 if device == "cpu" else 256)
 
@@ -123,15 +146,16 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
         return out
     arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
 
-    def tsr() -> None:
-        for i in range(0, n, batch):
-            futs = [arr[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))].read() for s in starts[i : i + batch]]
+    def tsr(group: int) -> None:
+        for i in range(0, n, group):
+            futs = [arr[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))].read() for s in starts[i : i + group]]
             for f in futs:
                 f.result()
 
-    t = _best(tsr, 1)
-    out.append((f"tensorstore, {batch} reads in flight", n / t, ""))
-    return out
+    for group in dict.fromkeys([batch, batch * in_flight]):
+        t = _best(lambda: tsr(group), 1)
+        out.append((f"tensorstore, {group} reads in flight", n / t, ""))
+    return out, stage_times
 
 
 def run(args) -> int:
@@ -146,6 +170,7 @@ def run(args) -> int:
     window = (4, 64, 64) if quick else (4, 128, 128)
     n_windows = getattr(args, "windows", None) or (128 if quick else 2048)
     batch = getattr(args, "batch", None) or 64
+    in_flight = getattr(args, "in_flight", None) or 4
     repeat = 1 if quick else 3
     out_dir = getattr(args, "out", None) or "bench-results"
     tmp = None
@@ -180,21 +205,25 @@ def run(args) -> int:
         if r is not un:
             print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
     print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {n_windows} windows")
-    stages.enable()
-    stages.reset()
-    rates = window_rates(paths["inner256k"], device, window, n_windows, batch)
-    st = {k: v for k, v in stages.snapshot().items()}
-    stages.enable(False)
-    print(f"  stages of our window calls ({batch} windows per call; the sharded store's stages are inside 'read + decode'):")
+    rates, st = window_rates(paths["inner256k"], device, window, n_windows, batch, in_flight=in_flight)
+    print(f"  stages of our window calls, one at a time ({batch} windows per call; the sharded store's stages are "
+          "inside 'read + decode'):")
     print(stages.format_stages(st))
-    print(f"  fairness: tensorstore gets {batch} reads in flight per batch, as many windows as one of our calls")
+    print(f"  fairness: tensorstore gets as many reads in flight as our calls hold windows ({batch}, then "
+          f"{batch * in_flight} for {in_flight} calls in flight)")
     ours = rates[0][1]
     for name, rate, note in rates:
-        print(f"    {name:<48} {rate:10.1f} windows/s   ours/this {ours / rate:6.2f}   {note}")
+        print(f"    {name:<52} {rate:10.1f} windows/s   ours/this {ours / rate:6.2f}   {note}")
+    by_name = {name: rate for name, rate, _ in rates}
+    ahead = by_name.get(f"gpuzarr-dist WindowSampler.batches, {in_flight} calls in flight")
+    ts_ahead = by_name.get(f"tensorstore, {batch * in_flight} reads in flight")
+    if ahead and ts_ahead:
+        print(f"    {batch * in_flight} windows in flight each: WindowSampler.batches / tensorstore "
+              f"{ahead / ts_ahead:.2f}x (target >= 2)")
     wbytes = int(np.prod(window)) * 4
     rows += [Row(name, "warm", 1.0 / rate, wbytes, note=f"{rate:.1f} windows/s") for name, rate, _ in rates]
     meta = {"device": device, "threads": threads, "time_steps": steps, "grid": [nlat, nlon], "window": list(window),
-            "windows": n_windows, "batch": batch, "quick": quick, "host": platform.node(),
+            "windows": n_windows, "batch": batch, "in_flight": in_flight, "quick": quick, "host": platform.node(),
             "windows_per_s": {name: rate for name, rate, _ in rates}}
     written = save(rows, out_dir, "bench-shards", f"sharded vs unsharded, random windows, {device}", meta)
     print("saved:", ", ".join(written))

@@ -91,15 +91,6 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     --read-slots 0`` (same run) 13.08 GB/s with every block at once and 15.98
     with one slot. With only 3 to 5 blocks (600 steps) the runs did not tell
     them apart.
-``gpuzarr.gpu.nvcomp-memory``
-    Where nvCOMP's device buffers (its decode and encode scratch, about 3.2
-    bytes per decoded byte for zstd) come from: ``cupy`` (default), CuPy's
-    memory pool, on the stream of the nvCOMP call, so freed scratch is reused
-    by the next call on that stream and is counted in the pool (and in the
-    Cubed variant's measured peak per task); or ``nvcomp``, nvCOMP's own
-    allocator (``cudaMalloc`` and ``cudaFree``; a ``cudaFree`` waits for
-    every stream of the GPU). Read when a thread first takes an nvCOMP codec;
-    a process that gave nvCOMP CuPy's pool cannot go back to ``nvcomp``.
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -232,18 +223,7 @@ def gpu_sync_wait() -> str:
     return v
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1, "nvcomp-memory": "cupy"}}})
-
-#: values of ``gpuzarr.gpu.nvcomp-memory``: where nvCOMP's device buffers (its scratch) come from
-NVCOMP_MEMORY = ("cupy", "nvcomp")
-
-
-def gpu_nvcomp_memory() -> str:
-    """``gpuzarr.gpu.nvcomp-memory``: ``cupy`` (CuPy's pool) or ``nvcomp`` (nvCOMP's own allocator)."""
-    v = str(dask.config.get("gpuzarr.gpu.nvcomp-memory", "cupy")).strip().lower()
-    if v not in NVCOMP_MEMORY:
-        raise ValueError(f"gpuzarr.gpu.nvcomp-memory must be one of {', '.join(NVCOMP_MEMORY)}, not {v!r}")
-    return v
+dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1}}})
 
 
 def _count_setting(key: str, default: int) -> int:

@@ -366,11 +366,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    from ..config import gpu_nvcomp_memory, gpu_read_slots, gpu_sync_wait
+    from ..config import gpu_read_slots, gpu_sync_wait
 
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
               "threads": threads, "cpu_threads": cpu_threads, "sync_wait": gpu_sync_wait(),
-              "read_slots": gpu_read_slots(), "nvcomp_memory": gpu_nvcomp_memory(), "rows": rows}
+              "read_slots": gpu_read_slots(), "rows": rows}
     print(format_result(result))
     out = getattr(args, "out", None)
     if out:
@@ -429,9 +429,7 @@ def format_result(res: dict) -> str:
     if oc and oc.get("peak_task_bytes") is not None:
         p = oc["peak_task_bytes"]
         if res["device"] == "gpu":
-            where = ("CuPy pool, nvCOMP scratch included" if res.get("nvcomp_memory", "nvcomp") == "cupy"
-                     else "CuPy pool, nvCOMP scratch outside it")
-            lines.append(f"measured peak device memory per task ({where}): "
+            lines.append(f"measured peak device memory per task (CuPy pool, nvCOMP scratch outside it): "
                          f"{format_bytes(p)} of allowed_mem {format_bytes(res['allowed_mem'])} "
                          f"({'within' if p <= res['allowed_mem'] else 'OVER'}); "
                          f"reserved_mem {format_bytes(oc['reserved_mem'])}")

@@ -19,10 +19,9 @@ cubed's projection fits ``allowed_mem`` and the workspace covers incompressible 
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
-task, minus those freed in it, at their highest). nvCOMP takes its scratch
-from that pool too under ``gpuzarr.gpu.nvcomp-memory: cupy`` (the default), so
-it is in the measurement; with ``nvcomp`` it is allocated outside the pool
-and only ``reserved_mem`` accounts for it. On the CPU the default is cubed's own
+task, minus those freed in it, at their highest). nvCOMP allocates its scratch
+itself, outside CuPy's pool, so that part is not in the measurement; it is
+what ``reserved_mem`` holds back. On the CPU the default is cubed's own
 measure (the process's peak resident set, ``ru_maxrss``), or, with
 ``measure="tracemalloc"``, the peak of Python and numpy allocations during the
 task (exact per task when one task runs at a time).

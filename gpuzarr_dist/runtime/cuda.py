@@ -17,7 +17,7 @@ import threading
 import cupy
 import numpy as np
 
-from ..config import SYNC_WAITS, gpu_nvcomp_memory, gpu_sync_wait
+from ..config import SYNC_WAITS, gpu_sync_wait
 from ..errors import GpuZarrError
 
 _local = threading.local()
@@ -126,7 +126,6 @@ def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:
     """
     from nvidia import nvcomp
 
-    apply_nvcomp_memory()
     codecs = getattr(_local, "codecs", None)
     if codecs is None:
         codecs = _local.codecs = {}
@@ -140,55 +139,6 @@ def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:
             cuda_stream=stream.ptr,
         )
     return codec
-
-
-_nvcomp_memory: list[str] = []  # "cupy" once nvCOMP was given CuPy's pool in this process
-
-
-def apply_nvcomp_memory() -> str:
-    """Give nvCOMP the device allocator of ``gpuzarr.gpu.nvcomp-memory``; returns the value in force.
-
-    ``cupy``: :func:`nvcomp_buffer` (once per process, under a lock).
-    ``nvcomp`` leaves nvCOMP's own allocator, and raises
-    :class:`~gpuzarr_dist.errors.GpuZarrError` in a process that already
-    gave nvCOMP CuPy's pool (nvCOMP has no way back to its default).
-    """
-    mode = gpu_nvcomp_memory()
-    applied = _nvcomp_memory[0] if _nvcomp_memory else "nvcomp"
-    if applied == mode:
-        return mode
-    if mode == "nvcomp":
-        raise GpuZarrError("gpuzarr.gpu.nvcomp-memory is 'nvcomp', but this process already gave nvCOMP CuPy's "
-                           "memory pool, and nvCOMP cannot go back to its own allocator: set it before the first "
-                           "GPU decode or encode, or in a new process")
-    from nvidia import nvcomp
-
-    with _keep_lock:
-        if not _nvcomp_memory:
-            nvcomp.set_device_allocator(nvcomp_buffer)
-            _nvcomp_memory.append(mode)
-    return mode
-
-
-def nvcomp_buffer(nbytes: int, stream: object) -> object:
-    """nvCOMP's device allocator under ``gpuzarr.gpu.nvcomp-memory: cupy``: ``nbytes`` from CuPy's pool.
-
-    Taken on nvCOMP's ``stream`` (its ``ptr``; our codecs' streams are the
-    threads' own, current while they decode): CuPy keeps the pool's free
-    blocks per stream, so a buffer nvCOMP drops while its kernels may still
-    run is only handed again to later work on that stream. Returned inside
-    nvCOMP's ``ExternalMemory``, which keeps the stream alive until the
-    buffer is given back.
-    """
-    from nvidia.nvcomp.external_memory import ExternalMemory
-
-    ptr = int(getattr(stream, "ptr", 0))
-    if cupy.cuda.get_current_stream().ptr == ptr:
-        mem = cupy.cuda.alloc(nbytes)
-    else:
-        with cupy.cuda.ExternalStream(ptr):
-            mem = cupy.cuda.alloc(nbytes)
-    return ExternalMemory(mem, stream)
 
 
 def pinned_staging(nbytes: int) -> np.ndarray:

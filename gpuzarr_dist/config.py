@@ -91,6 +91,15 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     --read-slots 0`` (same run) 13.08 GB/s with every block at once and 15.98
     with one slot. With only 3 to 5 blocks (600 steps) the runs did not tell
     them apart.
+``gpuzarr.gpu.decode-combine``
+    With ``device="gpu"``, join the nvCOMP decode calls that threads of a
+    process make at the same moment into one call (``True``), instead of one
+    call per block (``False``, the default). An nvCOMP zstd call took about
+    the same time for 56 frames as for 448 (H100: 11.0 against 13.5 ms), and
+    calls from several threads ran one after another, so small blocks leave
+    the GPU mostly idle (see :mod:`gpuzarr_dist.codecs.combine`). A joined
+    call that fails is made again block by block, so errors still name the
+    block's chunks. Off until measured on a GPU.
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -223,7 +232,18 @@ def gpu_sync_wait() -> str:
     return v
 
 
-dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1}}})
+dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1, "decode-combine": False}}})
+
+
+def gpu_decode_combine() -> bool:
+    """``gpuzarr.gpu.decode-combine``: whether nvCOMP decode calls made at the same time are joined into one."""
+    v = dask.config.get("gpuzarr.gpu.decode-combine", False)
+    if isinstance(v, str):
+        t = v.strip().lower()
+        if t not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(f"gpuzarr.gpu.decode-combine must be true or false, not {v!r}")
+        return t in ("true", "1", "yes", "on")
+    return bool(v)
 
 
 def _count_setting(key: str, default: int) -> int:

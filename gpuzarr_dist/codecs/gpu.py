@@ -28,7 +28,7 @@ import numpy as np
 
 from . import host_checks
 from .pipeline import CodecPipeline
-from ..config import deflate_check, gpu_min_batch_bytes, gpu_min_batch_chunks
+from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks
 from ..errors import ChunkDecodeError
 from ..runtime.cuda import pinned_empty, settle
 from ..runtime.memory import is_out_of_memory
@@ -416,8 +416,6 @@ def decode_batch_gpu(
 
 def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
                   keys: Sequence[str], stream: cupy.cuda.Stream) -> cupy.ndarray:
-    from nvidia import nvcomp
-
     from ..runtime.cuda import align
 
     timed = stage_timer()  # sub-stages of the reader's "H2D + decode" (opt-in, see ..stages)
@@ -491,12 +489,7 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
         guarded = cupy.empty(n * stride + 2 * OUTPUT_GUARD, dtype=cupy.uint8)
         out = guarded[OUTPUT_GUARD : OUTPUT_GUARD + n * stride]
         try:
-            res = _nvcomp_codec(algorithm, stream).decode(
-                nvcomp.as_arrays(dev, in_offs, in_sizes),
-                out=nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n),
-            )
-            stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
-            actual = list(res.buffer_sizes)
+            actual = _nvcomp_decode(algorithm, stream, dev, in_offs, in_sizes, out, stride, n)
         except (RuntimeError, ValueError, MemoryError) as e:
             if is_out_of_memory(e):  # not the chunks' fault: the reader reports the block size to lower
                 raise
@@ -532,6 +525,74 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
     arr = _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
     timed("decode: array codecs (launch)")
     return arr
+
+
+def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, in_offs: list[int],
+                   in_sizes: list[int], out: cupy.ndarray, stride: int, n: int) -> list[int]:
+    """Decode ``n`` frames of ``dev`` into the slots of ``out``; their decoded sizes.
+
+    One nvCOMP call on ``stream``, or, under ``gpuzarr.gpu.decode-combine``,
+    a share of a call joined with other threads' (:mod:`.combine`); a joined
+    call that failed is made again for this batch alone.
+    """
+    from nvidia import nvcomp
+
+    if gpu_decode_combine():
+        from .combine import Request, combiner
+
+        ready = cupy.cuda.Event(block=False, disable_timing=True)
+        ready.record(stream)  # the upload and the frame checks queued before it
+        req = combiner((cupy.cuda.Device().id, algorithm)).run(
+            Request((algorithm, ready, dev, in_offs, in_sizes, out, stride, n)), _execute_joined)
+        if req.error is not None:
+            raise req.error
+        if not req.alone:
+            return req.result
+    res = _nvcomp_codec(algorithm, stream).decode(
+        nvcomp.as_arrays(dev, in_offs, in_sizes),
+        out=nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n),
+    )
+    stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
+    return list(res.buffer_sizes)
+
+
+def _execute_joined(batch: list[Any]) -> None:
+    """One nvCOMP call for every request of ``batch`` (see :class:`.combine.Combiner`), on this thread's stream.
+
+    The stream first waits for each request's ``ready`` event (their uploads
+    and checks ran on their own streams), and is idle again before any
+    request is handed back: the other threads then own their buffers again.
+    """
+    from nvidia import nvcomp
+
+    from ..runtime.cuda import thread_stream
+
+    stream = thread_stream()
+    algorithm = batch[0].payload[0]
+    try:
+        ins: list[Any] = []
+        outs: list[Any] = []
+        for r in batch:
+            _, ready, dev, in_offs, in_sizes, out, stride, n = r.payload
+            stream.wait_event(ready)
+            ins += list(nvcomp.as_arrays(dev, in_offs, in_sizes))
+            outs += list(nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n))
+        res = _nvcomp_codec(algorithm, stream).decode(ins, out=outs)
+        stream.synchronize()
+        sizes = list(res.buffer_sizes)
+    except Exception as e:  # noqa: BLE001 - handed to the requests, none of which may be left waiting
+        settle(stream)  # nothing of this call still writes into another thread's buffers
+        for r in batch:
+            if len(batch) > 1:
+                r.alone = True  # each block decodes again on its own, so its own error names its chunks
+            else:
+                r.error = e
+        return
+    pos = 0
+    for r in batch:
+        n = r.payload[-1]
+        r.result = sizes[pos : pos + n]
+        pos += n
 
 
 def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],

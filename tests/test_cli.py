@@ -169,6 +169,15 @@ def test_example_script_runs():
     assert "global mean 2 m temperature" in r.stdout and " K" in r.stdout
 
 
+def test_random_windows_example_runs():
+    """The windows example reads its batches through WindowSampler.batches and checks one against zarr-python."""
+    script = os.path.join(ROOT, "examples", "random_windows.py")
+    r = subprocess.run([sys.executable, script, "--device", "cpu", "--batches", "5", "--in-flight", "3"],
+                       capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "160 windows (4, 64, 64) in 5 batches on cpu" in r.stdout and "identical to zarr-python's" in r.stdout
+
+
 @pytest.mark.parametrize("argv", [["demo", "--time-steps", "0"], ["demo", "--device", "tpu"], ["info", "a.zarr", "b.zarr"], ["cluster", "--n-gpus", "0"]])
 def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:

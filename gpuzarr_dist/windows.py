@@ -27,9 +27,10 @@ taken to be unchanged while the sampler lives (a training set). Pass
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,8 @@ class WindowSampler:
         self.spec = spec
         self.device = dev
         self.window = tuple(int(w) for w in window)
+        self._threads: ThreadPoolExecutor | None = None  # batches()'s, made on first use
+        self._pool_lock = threading.Lock()
         if len(self.window) != spec.ndim or any(w < 1 or w > s for w, s in zip(self.window, spec.shape)):
             raise ValueError(f"{spec.name}: window {self.window} does not fit in an array of shape {spec.shape}")
 
@@ -127,8 +130,11 @@ class WindowSampler:
         one nvCOMP call whose time hardly depends on how many chunks it
         decodes), so calls on several threads overlap; on the GPU each
         thread has its own stream. At most ``in_flight`` batches are being
-        read, plus the one the caller holds. ``starts`` is consumed lazily, so
-        it may be an endless generator::
+        read, plus the one the caller holds. The threads belong to the
+        sampler and serve its later ``batches`` too (so a loop that calls
+        ``batches`` every epoch does not make new threads, streams and nvCOMP
+        codecs each time); :meth:`close` ends them. ``starts`` is consumed
+        lazily, so it may be an endless generator::
 
             for w in sampler.batches(sampler.random_starts(64) for _ in range(1000)):
                 ...
@@ -142,7 +148,7 @@ class WindowSampler:
         if in_flight < 1:
             raise ValueError(f"{self.spec.name}: in_flight must be at least 1, got {in_flight}")
         items = iter(starts)
-        pool = ThreadPoolExecutor(in_flight, thread_name_prefix="gpuzarr-windows")
+        pool = self._pool(in_flight)
         pending: deque[Future] = deque()
         try:
             for item in itertools.islice(items, in_flight):
@@ -155,7 +161,32 @@ class WindowSampler:
         finally:
             for f in pending:
                 f.cancel()
-            pool.shutdown(wait=True)  # no call left running (on the GPU: no stream with work still queued)
+            wait(pending)  # no call left running (on the GPU: no stream with work still queued)
+
+    def _pool(self, threads: int) -> ThreadPoolExecutor:
+        """The sampler's threads for :meth:`batches`, at least ``threads`` of them."""
+        with self._pool_lock:
+            if self._threads is None or self._threads._max_workers < threads:
+                old, self._threads = self._threads, ThreadPoolExecutor(threads, thread_name_prefix="gpuzarr-windows")
+                if old is not None:
+                    old.shutdown(wait=False)  # its calls finish; the threads then end
+            return self._threads
+
+    def __getstate__(self) -> dict:  # picklable (e.g. a data loader's worker processes): threads are not sent
+        state = dict(self.__dict__)
+        state["_threads"], state["_pool_lock"] = None, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._pool_lock = threading.Lock()
+
+    def close(self) -> None:
+        """End the threads :meth:`batches` made (after their calls finish); the sampler stays usable."""
+        with self._pool_lock:
+            old, self._threads = self._threads, None
+        if old is not None:
+            old.shutdown(wait=True)
 
     def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
         """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""

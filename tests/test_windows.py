@@ -194,3 +194,35 @@ def test_batches_keep_in_flight_calls_running(tmp_path, monkeypatch):
     monkeypatch.setattr(s, "sample", slow_sample)
     out = list(s.batches((s.random_starts(4, rng=i) for i in range(12)), in_flight=3))
     assert len(out) == 12 and peak[0] == 3
+
+
+def test_batches_reuse_the_samplers_threads_and_close_ends_them(tmp_path):
+    """Later batches() reuse the sampler's threads (no new streams and codecs per epoch); close() ends them;
+    a pickled sampler (a loader's worker process) reads the same windows."""
+    import pickle
+    import threading
+
+    data = make_data("float32", (8, 48, 60), seed=38)
+    path = str(tmp_path / "d.zarr")
+    _sharded(path, data)
+    z = zarr.open_array(path, mode="r")
+    s = gz.WindowSampler(path, (2, 8, 10), device=dev())
+    names = set()
+    real = s.sample
+
+    def record(starts):
+        names.add(threading.current_thread().name)
+        return real(starts)
+
+    s.sample = record
+    for epoch in range(3):
+        list(s.batches((s.random_starts(4, rng=10 * epoch + i) for i in range(6)), in_flight=2))
+    assert 1 <= len(names) <= 2 and all(n.startswith("gpuzarr-windows") for n in names)  # the same two threads
+    s.close()
+    del s.sample
+    starts = s.random_starts(5, rng=1)
+    again = pickle.loads(pickle.dumps(s))
+    for got in (_host(again.sample(starts)), _host(next(again.batches([starts])))):
+        for w, (t, y, x) in zip(got, starts):
+            np.testing.assert_array_equal(w, z[t:t + 2, y:y + 8, x:x + 10])
+    again.close()

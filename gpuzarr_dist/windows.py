@@ -68,7 +68,7 @@ class WindowSampler:
         self.spec = spec
         self.device = dev
         self.window = tuple(int(w) for w in window)
-        self._threads: ThreadPoolExecutor | None = None  # batches()'s, made on first use
+        self._threads: tuple[ThreadPoolExecutor, int] | None = None  # batches()'s (pool, size), made on first use
         self._pool_lock = threading.Lock()
         if len(self.window) != spec.ndim or any(w < 1 or w > s for w, s in zip(self.window, spec.shape)):
             raise ValueError(f"{spec.name}: window {self.window} does not fit in an array of shape {spec.shape}")
@@ -164,13 +164,16 @@ class WindowSampler:
             wait(pending)  # no call left running (on the GPU: no stream with work still queued)
 
     def _pool(self, threads: int) -> ThreadPoolExecutor:
-        """The sampler's threads for :meth:`batches`, at least ``threads`` of them."""
+        """The sampler's threads for :meth:`batches`, at least ``threads`` of them.
+
+        A larger ``in_flight`` than before gets a larger pool; the smaller one is
+        not shut down (an iterator still running may submit to it), its threads
+        end when the last iterator using it is gone.
+        """
         with self._pool_lock:
-            if self._threads is None or self._threads._max_workers < threads:
-                old, self._threads = self._threads, ThreadPoolExecutor(threads, thread_name_prefix="gpuzarr-windows")
-                if old is not None:
-                    old.shutdown(wait=False)  # its calls finish; the threads then end
-            return self._threads
+            if self._threads is None or self._threads[1] < threads:
+                self._threads = (ThreadPoolExecutor(threads, thread_name_prefix="gpuzarr-windows"), threads)
+            return self._threads[0]
 
     def __getstate__(self) -> dict:  # picklable (e.g. a data loader's worker processes): threads are not sent
         state = dict(self.__dict__)
@@ -186,7 +189,7 @@ class WindowSampler:
         with self._pool_lock:
             old, self._threads = self._threads, None
         if old is not None:
-            old.shutdown(wait=True)
+            old[0].shutdown(wait=True)
 
     def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
         """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""

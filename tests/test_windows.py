@@ -226,3 +226,24 @@ def test_batches_reuse_the_samplers_threads_and_close_ends_them(tmp_path):
         for w, (t, y, x) in zip(got, starts):
             np.testing.assert_array_equal(w, z[t:t + 2, y:y + 8, x:x + 10])
     again.close()
+
+
+def test_batches_of_one_sampler_side_by_side(tmp_path):
+    """Two iterators of one sampler at once, the second asking more in flight: both finish, both right."""
+    data = make_data("float32", (8, 48, 60), seed=39)
+    path = str(tmp_path / "e.zarr")
+    _sharded(path, data)
+    z = zarr.open_array(path, mode="r")
+    s = gz.WindowSampler(path, (2, 8, 10), device=dev())
+    a_starts = [s.random_starts(3, rng=i) for i in range(6)]
+    b_starts = [s.random_starts(3, rng=100 + i) for i in range(6)]
+    a = s.batches(iter(a_starts), in_flight=1)
+    first = next(a)  # a's pool is in use when b asks for a larger one
+    b = list(s.batches(iter(b_starts), in_flight=3))
+    rest = [first, *a]
+    for asked, got in ((a_starts, rest), (b_starts, b)):
+        assert len(got) == 6
+        for starts, out in zip(asked, got):
+            for w, (t, y, x) in zip(_host(out), starts):
+                np.testing.assert_array_equal(w, z[t:t + 2, y:y + 8, x:x + 10])
+    s.close()

@@ -176,14 +176,16 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {checks}; {platform.node()}")
 
     blocks = list(getattr(args, "block_size", None) or [None])
+    flip = not gpu_decode_combine()  # --decode-combine: a row with the setting the other way round
+    combine_rows = [(f"gpuzarr-dist, decode-combine {'on' if flip else 'off'}",
+                     _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.decode-combine": flip}))
+                    ] if getattr(args, "decode_combine", False) else []
     candidates: list[tuple[str, Callable[[], None] | None]] = [
         (OURS, _ours(path, device, threads, blocks[0])),
         *((f"gpuzarr-dist, blocks of {b}", _ours(path, device, threads, b)) for b in blocks[1:]),
         *((f"gpuzarr-dist, read-slots {n or 'any'}", _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.read-slots": n}))
           for n in (getattr(args, "read_slots", None) or [])),
-        *(((f"gpuzarr-dist, decode-combine {'off' if gpu_decode_combine() else 'on'}",
-            _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.decode-combine": not gpu_decode_combine()})),)
-          if getattr(args, "decode_combine", False) else ()),
+        *combine_rows,
         ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
         ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
         (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),

@@ -21,7 +21,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import cupy
 import numpy as np
@@ -527,6 +527,20 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
     return arr
 
 
+class _Frames(NamedTuple):
+    """One batch's part of a joined nvCOMP call: ``n`` frames of ``dev`` into ``out``'s slots of ``stride``
+    bytes, uploaded and checked on the stream ``ready`` was recorded on."""
+
+    algorithm: str
+    ready: cupy.cuda.Event
+    dev: cupy.ndarray
+    in_offs: list[int]
+    in_sizes: list[int]
+    out: cupy.ndarray
+    stride: int
+    n: int
+
+
 def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, in_offs: list[int],
                    in_sizes: list[int], out: cupy.ndarray, stride: int, n: int) -> list[int]:
     """Decode ``n`` frames of ``dev`` into the slots of ``out``; their decoded sizes.
@@ -543,7 +557,7 @@ def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, 
         ready = cupy.cuda.Event(block=False, disable_timing=True)
         ready.record(stream)  # the upload and the frame checks queued before it
         req = combiner((cupy.cuda.Device().id, algorithm)).run(
-            Request((algorithm, ready, dev, in_offs, in_sizes, out, stride, n)), _execute_joined)
+            Request(_Frames(algorithm, ready, dev, in_offs, in_sizes, out, stride, n)), _execute_joined)
         if req.error is not None:
             raise req.error
         if not req.alone:
@@ -568,16 +582,15 @@ def _execute_joined(batch: list[Any]) -> None:
     from ..runtime.cuda import thread_stream
 
     stream = thread_stream()
-    algorithm = batch[0].payload[0]
     try:
         ins: list[Any] = []
         outs: list[Any] = []
         for r in batch:
-            _, ready, dev, in_offs, in_sizes, out, stride, n = r.payload
-            stream.wait_event(ready)
-            ins += list(nvcomp.as_arrays(dev, in_offs, in_sizes))
-            outs += list(nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n))
-        res = _nvcomp_codec(algorithm, stream).decode(ins, out=outs)
+            f: _Frames = r.payload
+            stream.wait_event(f.ready)
+            ins += list(nvcomp.as_arrays(f.dev, f.in_offs, f.in_sizes))
+            outs += list(nvcomp.as_arrays(f.out, [i * f.stride for i in range(f.n)], [f.stride] * f.n))
+        res = _nvcomp_codec(batch[0].payload.algorithm, stream).decode(ins, out=outs)
         stream.synchronize()
         sizes = list(res.buffer_sizes)
     except Exception as e:  # noqa: BLE001 - handed to the requests, none of which may be left waiting
@@ -590,9 +603,8 @@ def _execute_joined(batch: list[Any]) -> None:
         return
     pos = 0
     for r in batch:
-        n = r.payload[-1]
-        r.result = sizes[pos : pos + n]
-        pos += n
+        r.result = sizes[pos : pos + r.payload.n]
+        pos += r.payload.n
 
 
 def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],

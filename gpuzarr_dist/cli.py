@@ -91,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="another row of ours with gpuzarr.gpu.read-slots N (0: every block reads at once; repeatable)")
     read.add_argument("--decode-combine", action="store_true",
                       help="another row of ours with gpuzarr.gpu.decode-combine the other way round")
+    read.add_argument("--nvcomp-api", action="store_true",
+                      help="another row of ours with nvCOMP's other interface (gpuzarr.gpu.nvcomp-api c / python)")
     read.add_argument("--codec", choices=("zstd", "blosc", "both"), default="both",
                       help="stored array: Zarr v3 zstd, Zarr v2 with the default Blosc(lz4, shuffle), or both (default)")
     write = bench_sub.add_parser("write", help="write throughput of to_zarr_gpu against zarr-python and dask.array.to_zarr")

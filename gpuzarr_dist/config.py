@@ -100,6 +100,17 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     the GPU mostly idle (see :mod:`gpuzarr_dist.codecs.combine`). A joined
     call that fails is made again block by block, so errors still name the
     block's chunks. Off until measured on a GPU.
+``gpuzarr.gpu.nvcomp-api``
+    With ``device="gpu"``, which of nvCOMP's interfaces decodes: ``c`` (the
+    default) calls its batched C functions through ctypes
+    (:mod:`gpuzarr_dist.codecs.nvcomp_c`), ``python`` its Python
+    ``Codec.decode``. The Python call holds the GIL until its GPU work is
+    done, so the decodes of a process's threads run one after another
+    (measured on one H200: a counting thread ran at 26% of its idle rate
+    beside a decode; 4 to 16 threads decoding reached 11.6-12.2 GB/s in all).
+    The C call releases the GIL and only queues the decode on the thread's
+    stream. Frames whose addresses miss the C functions' alignment, and
+    processes whose libnvcomp lacks them, use the Python call.
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -233,6 +244,19 @@ def gpu_sync_wait() -> str:
 
 
 dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1, "decode-combine": False}}})
+
+
+NVCOMP_APIS = ("c", "python")
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"nvcomp-api": "c"}}})
+
+
+def nvcomp_api() -> str:
+    """``gpuzarr.gpu.nvcomp-api``: nvCOMP's interface for decoding, ``c`` or ``python`` (see the module docstring)."""
+    v = str(dask.config.get("gpuzarr.gpu.nvcomp-api", "c")).strip().lower()
+    if v not in NVCOMP_APIS:
+        raise ValueError(f"gpuzarr.gpu.nvcomp-api must be one of {', '.join(NVCOMP_APIS)}, not {v!r}")
+    return v
 
 
 def gpu_decode_combine() -> bool:

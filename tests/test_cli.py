@@ -227,17 +227,19 @@ def test_bench_read_quick(tmp_path, capsys):
 def test_bench_read_read_slots_rows(tmp_path, capsys):
     """``--read-slots N`` adds a row of ours with that setting, in the same run; the default's is printed."""
     code, out, err = run_cli(capsys, "bench", "read", "--quick", "--device", "cpu", "--codec", "zstd",
-                             "--read-slots", "0", "--read-slots", "2", "--decode-combine",
+                             "--read-slots", "0", "--read-slots", "2", "--decode-combine", "--nvcomp-api",
                              "--out", str(tmp_path / "res"), "--path", str(tmp_path / "data" / "era5.zarr"))
     assert code == 0, err
-    assert "read-slots 1, decode-combine off" in out  # the defaults, beside the zstd check
+    assert "read-slots 1, decode-combine off, nvcomp-api c" in out  # the defaults, beside the zstd check
     with open(tmp_path / "res" / "bench-read.json") as f:
         result = json.load(f)
     rows = {(r["name"], r["cache"]) for r in result["rows"]}
     for cache in ("warm", "cold"):
         assert ("gpuzarr-dist, read-slots any", cache) in rows and ("gpuzarr-dist, read-slots 2", cache) in rows
         assert ("gpuzarr-dist, decode-combine on", cache) in rows  # the other way round from the default
+        assert ("gpuzarr-dist, nvcomp-api python", cache) in rows
     assert result["meta"]["read_slots"] == 1 and result["meta"]["decode_combine"] is False
+    assert result["meta"]["nvcomp_api"] == "c"
 
 
 def test_bench_shards_quick(tmp_path, capsys):

@@ -120,6 +120,12 @@ def _blocks_from_threads(path, threads=8):
         return [b.get() for b in pool.map(lambda s: reader[s], sels)]
 
 
+@pytest.fixture(params=["c", "python"])
+def api(request):
+    """nvCOMP's interface (``gpuzarr.gpu.nvcomp-api``): the joined calls of either."""
+    return request.param
+
+
 @pytest.fixture
 def zstd_array(tmp_path):
     path = str(tmp_path / "a.zarr")
@@ -129,7 +135,7 @@ def zstd_array(tmp_path):
 
 
 @pytest.mark.gpu
-def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch):
+def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
     from gpuzarr_dist.codecs import combine, gpu
 
     expected = reference(zstd_array)
@@ -141,7 +147,8 @@ def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch):
 
     monkeypatch.setattr(gpu, "_execute_joined", slow)
     monkeypatch.setattr(combine, "_combiners", {})
-    with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0}):
+    with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
+                          "gpuzarr.gpu.nvcomp-api": api}):
         for _ in range(3):
             got = _blocks_from_threads(zstd_array)
             assert_same(np.concatenate(got), expected)
@@ -154,33 +161,30 @@ def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch):
+def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, api):
     """nvCOMP failing on a joined call (stand-in: any call of more than one block's 8 frames) costs a second call
     per block, not a wrong value or an error for the blocks around a bad one."""
     from gpuzarr_dist.codecs import combine, gpu
 
     expected = reference(zstd_array)
-    real_codec, real_exec, joined = gpu._nvcomp_codec, gpu._execute_joined, []
+    real_decode, real_exec, joined = gpu._decode_frames, gpu._execute_joined, []
 
-    class FailsWhenJoined:
-        def __init__(self, codec):
-            self.codec = codec
-
-        def decode(self, ins, out):
-            ins = list(ins)
-            if len(ins) > 8:
-                joined.append(len(ins))
-                raise RuntimeError("stand-in nvCOMP failure on a joined call")
-            return self.codec.decode(ins, out=out)
+    def fails_when_joined(stream, parts):
+        frames = sum(p.n for p in parts)
+        if frames > 8:
+            joined.append(frames)
+            raise RuntimeError("stand-in nvCOMP failure on a joined call")
+        return real_decode(stream, parts)
 
     def slow(batch):
         time.sleep(0.02)
         real_exec(batch)
 
-    monkeypatch.setattr(gpu, "_nvcomp_codec", lambda algorithm, stream: FailsWhenJoined(real_codec(algorithm, stream)))
+    monkeypatch.setattr(gpu, "_decode_frames", fails_when_joined)
     monkeypatch.setattr(gpu, "_execute_joined", slow)
     monkeypatch.setattr(combine, "_combiners", {})
-    with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0}):
+    with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
+                          "gpuzarr.gpu.nvcomp-api": api}):
         got = _blocks_from_threads(zstd_array)
     assert_same(np.concatenate(got), expected)
     assert joined  # the joined calls did fail, and every block was decoded again alone

@@ -9,9 +9,17 @@ Frames are ERA5-like float32 chunks of (8, 181, 360), 2.09 MB, zstd level 0
    while the main thread is inside ``decode()`` against its rate while the
    main thread sleeps (a rate near zero: the GIL is held);
 3. T threads (a stream and a codec each), 5 calls of 56 frames each: GB/s in
-   all, with each thread calling nvCOMP itself, then through
-   ``gpuzarr_dist.codecs.gpu._nvcomp_decode`` with ``gpuzarr.gpu.decode-combine``
-   on (the calls of the moment joined into one), with the joined calls counted.
+   all, with each thread calling nvCOMP's Python ``decode`` itself, then
+   through ``gpuzarr_dist.codecs.gpu._nvcomp_decode`` with each
+   ``gpuzarr.gpu.nvcomp-api`` (Python, C through ctypes), alone and with
+   ``gpuzarr.gpu.decode-combine`` on (the calls of the moment joined into
+   one, the joined calls counted).
+
+Parts 1 and 2 are repeated for the C API (1b, and the counting rate inside
+its call). Measured in session 15 (H200, Python API): 56 frames 11.0 ms,
+448 13.6 ms; the counting thread at 26% of its idle rate inside ``decode()``;
+4 / 8 / 16 threads 11.6 / 12.2 / 11.7 GB/s each calling, 16.7 / 23.4 / 33.0
+joined.
 
 Measured in session 14 (H100, parts 1 and 3 without the combiner, in
 ``.gpuprobe``): 11.0 ms for 56 frames, 13.5 ms for 448; 8 threads x 56 frames
@@ -92,7 +100,8 @@ def main() -> int:
         assert got == [STRIDE] * n, got[:4]
         return launch, wait
 
-    def joined(n: int, reps: int = 1) -> None:
+    def library(n: int, reps: int = 1) -> None:
+        """The library's decode call (``_nvcomp_decode``) under the settings in force."""
         from gpuzarr_dist.codecs.gpu import _nvcomp_decode
 
         stream, _, (dev, offs, sizes, out) = batch(n)
@@ -108,6 +117,15 @@ def main() -> int:
         print(f"   {n:3d} frames: {(launch + wait) / 5 * 1e3:6.1f} ms per call (decode() returns after "
               f"{launch / 5 * 1e3:5.1f} ms, then the sync waits {wait / 5 * 1e3:5.1f}); "
               f"{n * STRIDE * 5 / (launch + wait) / 1e9:5.1f} GB/s", flush=True)
+
+    print("1b. the same through nvCOMP's C API (gpuzarr.gpu.nvcomp-api c, the thread waits on the stream)", flush=True)
+    with dask.config.set({"gpuzarr.gpu.nvcomp-api": "c"}):
+        for n in (56, 112, 224, 448):
+            library(n)
+            t0 = time.perf_counter()
+            library(n, 5)
+            el = time.perf_counter() - t0
+            print(f"   {n:3d} frames: {el / 5 * 1e3:6.1f} ms per call; {n * STRIDE * 5 / el / 1e9:5.1f} GB/s", flush=True)
 
     print("2. does decode() hold the GIL? a Python thread counts while the main thread is in decode()", flush=True)
     count, stop = [0], [False]
@@ -135,6 +153,19 @@ def main() -> int:
     th.join()
     print(f"   counting rate while the main thread sleeps {idle:,.0f}/s, while it is inside decode() "
           f"{np.median(in_decode):,.0f}/s ({np.median(in_decode) / idle:.0%})", flush=True)
+    stop[0] = False
+    th = threading.Thread(target=spin)
+    th.start()
+    in_c = []
+    with dask.config.set({"gpuzarr.gpu.nvcomp-api": "c"}):
+        for _ in range(5):
+            c0, t0 = count[0], time.perf_counter()
+            library(448)
+            in_c.append((count[0] - c0) / (time.perf_counter() - t0))
+    stop[0] = True
+    th.join()
+    print(f"   ... while it is inside the C API's decode and its stream wait {np.median(in_c):,.0f}/s "
+          f"({np.median(in_c) / idle:.0%})", flush=True)
 
     print("3. threads x 5 calls of 56 frames each", flush=True)
     from gpuzarr_dist.codecs import combine
@@ -145,16 +176,23 @@ def main() -> int:
             t0 = time.perf_counter()
             list(pool.map(lambda _: direct(56, 5), range(threads)))
             el = time.perf_counter() - t0
-            line = f"   {threads:2d} threads: each its own calls {threads * 5 * 56 * STRIDE / el / 1e9:5.1f} GB/s"
-            with dask.config.set({"gpuzarr.gpu.decode-combine": True}):
-                list(pool.map(lambda _: joined(56), range(threads)))
-                combine._combiners.clear()
-                t0 = time.perf_counter()
-                list(pool.map(lambda _: joined(56, 5), range(threads)))
-                el = time.perf_counter() - t0
-            (c,) = combine._combiners.values()
-            print(f"{line}; joined {threads * 5 * 56 * STRIDE / el / 1e9:5.1f} GB/s "
-                  f"({c.requests} requests in {c.calls} calls)", flush=True)
+            line = f"   {threads:2d} threads: Python API each its own calls {threads * 5 * 56 * STRIDE / el / 1e9:5.1f} GB/s"
+            for api in ("python", "c"):
+                with dask.config.set({"gpuzarr.gpu.nvcomp-api": api}):
+                    list(pool.map(lambda _: library(56), range(threads)))
+                    t0 = time.perf_counter()
+                    list(pool.map(lambda _: library(56, 5), range(threads)))
+                    el = time.perf_counter() - t0
+                    line += f"; {api} API, library call {threads * 5 * 56 * STRIDE / el / 1e9:5.1f}"
+                    with dask.config.set({"gpuzarr.gpu.decode-combine": True}):
+                        list(pool.map(lambda _: library(56), range(threads)))
+                        combine._combiners.clear()
+                        t0 = time.perf_counter()
+                        list(pool.map(lambda _: library(56, 5), range(threads)))
+                        el = time.perf_counter() - t0
+                    (c,) = combine._combiners.values()
+                    line += f", joined {threads * 5 * 56 * STRIDE / el / 1e9:5.1f} ({c.requests} requests in {c.calls} calls)"
+            print(line, flush=True)
     return 0
 
 

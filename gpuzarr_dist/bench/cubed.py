@@ -364,11 +364,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    from ..config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait
+    from ..config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api
 
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
               "threads": threads, "cpu_threads": cpu_threads, "sync_wait": gpu_sync_wait(),
-              "read_slots": gpu_read_slots(), "decode_combine": gpu_decode_combine(), "rows": rows}
+              "read_slots": gpu_read_slots(), "decode_combine": gpu_decode_combine(), "nvcomp_api": nvcomp_api(),
+              "rows": rows}
     print(format_result(result))
     out = getattr(args, "out", None)
     if out:
@@ -391,7 +392,8 @@ def format_result(res: dict) -> str:
              + (f"; gpuzarr.gpu.sync-wait {res['sync_wait']}" if res.get("device") == "gpu" and "sync_wait" in res else "")
              + (f", read-slots {res['read_slots'] or 'any'}" if res.get("device") == "gpu" and "read_slots" in res else "")
              + (f", decode-combine {'on' if res['decode_combine'] else 'off'}"
-                if res.get("device") == "gpu" and "decode_combine" in res else ""),
+                if res.get("device") == "gpu" and "decode_combine" in res else "")
+             + (f", nvcomp-api {res['nvcomp_api']}" if res.get("device") == "gpu" and "nvcomp_api" in res else ""),
              f"{'row':<62} {'threads':>7} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
     rate = {}
     for r in res["rows"]:

@@ -168,11 +168,12 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     how, stem = CODECS[codec]
     print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
-    from ..config import deflate_check, gpu_decode_combine, gpu_read_slots, gpu_sync_wait, zstd_check
+    from ..config import deflate_check, gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api, zstd_check
 
     # the GPU walks' depth and how threads wait for the GPU set the GPU's rate
     checks = (f"zstd check {zstd_check()}, deflate check {deflate_check()}, sync-wait {gpu_sync_wait()}, "
-              f"read-slots {gpu_read_slots() or 'any'}, decode-combine {'on' if gpu_decode_combine() else 'off'}")
+              f"read-slots {gpu_read_slots() or 'any'}, decode-combine {'on' if gpu_decode_combine() else 'off'}, "
+              f"nvcomp-api {nvcomp_api()}")
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {checks}; {platform.node()}")
 
     blocks = list(getattr(args, "block_size", None) or [None])
@@ -180,12 +181,17 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     combine_rows = [(f"gpuzarr-dist, decode-combine {'on' if flip else 'off'}",
                      _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.decode-combine": flip}))
                     ] if getattr(args, "decode_combine", False) else []
+    other_api = "python" if nvcomp_api() == "c" else "c"  # --nvcomp-api: a row with nvCOMP's other interface
+    api_rows = [(f"gpuzarr-dist, nvcomp-api {other_api}",
+                 _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.nvcomp-api": other_api}))
+                ] if getattr(args, "nvcomp_api", False) else []
     candidates: list[tuple[str, Callable[[], None] | None]] = [
         (OURS, _ours(path, device, threads, blocks[0])),
         *((f"gpuzarr-dist, blocks of {b}", _ours(path, device, threads, b)) for b in blocks[1:]),
         *((f"gpuzarr-dist, read-slots {n or 'any'}", _ours(path, device, threads, blocks[0], {"gpuzarr.gpu.read-slots": n}))
           for n in (getattr(args, "read_slots", None) or [])),
         *combine_rows,
+        *api_rows,
         ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
         ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
         (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),
@@ -225,7 +231,7 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     meta = {"device": device, "threads": threads, "time_steps": steps, "compressed_bytes": compressed,
             "nbytes": nbytes, "host": platform.node(), "quick": quick, "codec": codec,
             "zstd_check": zstd_check(), "deflate_check": deflate_check(), "sync_wait": gpu_sync_wait(),
-            "read_slots": gpu_read_slots(), "decode_combine": gpu_decode_combine()}
+            "read_slots": gpu_read_slots(), "decode_combine": gpu_decode_combine(), "nvcomp_api": nvcomp_api()}
     written = save(rows, out_dir, stem, f"time mean of float32 ({steps}, 721, 1440), {codec}, {device}", meta)
     print("saved:", ", ".join(written))
 

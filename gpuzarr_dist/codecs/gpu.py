@@ -28,7 +28,7 @@ import numpy as np
 
 from . import host_checks
 from .pipeline import CodecPipeline
-from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks
+from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks, nvcomp_api
 from ..errors import ChunkDecodeError
 from ..runtime.cuda import pinned_empty, settle
 from ..runtime.memory import is_out_of_memory
@@ -528,11 +528,11 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
 
 
 class _Frames(NamedTuple):
-    """One batch's part of a joined nvCOMP call: ``n`` frames of ``dev`` into ``out``'s slots of ``stride``
-    bytes, uploaded and checked on the stream ``ready`` was recorded on."""
+    """One batch's frames for an nvCOMP call: ``n`` frames of ``dev`` into ``out``'s slots of ``stride``
+    bytes; ``ready`` (joined calls only) recorded on the stream that uploaded and checked them."""
 
     algorithm: str
-    ready: cupy.cuda.Event
+    ready: cupy.cuda.Event | None
     dev: cupy.ndarray
     in_offs: list[int]
     in_sizes: list[int]
@@ -545,27 +545,52 @@ def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, 
                    in_sizes: list[int], out: cupy.ndarray, stride: int, n: int) -> list[int]:
     """Decode ``n`` frames of ``dev`` into the slots of ``out``; their decoded sizes.
 
-    One nvCOMP call on ``stream``, or, under ``gpuzarr.gpu.decode-combine``,
-    a share of a call joined with other threads' (:mod:`.combine`); a joined
-    call that failed is made again for this batch alone.
+    One nvCOMP call on ``stream`` (:func:`_decode_frames`), or, under
+    ``gpuzarr.gpu.decode-combine``, a share of a call joined with other
+    threads' (:mod:`.combine`); a joined call that failed is made again for
+    this batch alone.
     """
-    from nvidia import nvcomp
-
+    frames = _Frames(algorithm, None, dev, in_offs, in_sizes, out, stride, n)
     if gpu_decode_combine():
         from .combine import Request, combiner
 
         ready = cupy.cuda.Event(block=False, disable_timing=True)
         ready.record(stream)  # the upload and the frame checks queued before it
-        req = combiner((cupy.cuda.Device().id, algorithm)).run(
-            Request(_Frames(algorithm, ready, dev, in_offs, in_sizes, out, stride, n)), _execute_joined)
+        req = combiner((cupy.cuda.Device().id, algorithm)).run(Request(frames._replace(ready=ready)), _execute_joined)
         if req.error is not None:
             raise req.error
         if not req.alone:
             return req.result
-    res = _nvcomp_codec(algorithm, stream).decode(
-        nvcomp.as_arrays(dev, in_offs, in_sizes),
-        out=nvcomp.as_arrays(out, [i * stride for i in range(n)], [stride] * n),
-    )
+    return _decode_frames(stream, [frames])
+
+
+def _decode_frames(stream: cupy.cuda.Stream, parts: list[_Frames]) -> list[int]:
+    """One nvCOMP call for the frames of ``parts`` (one algorithm) on ``stream``, waited for; their decoded sizes.
+
+    Through nvCOMP's C API (:mod:`.nvcomp_c`: the GIL released, nothing
+    waited for until the sizes are needed) under ``gpuzarr.gpu.nvcomp-api``
+    ``c`` (the default) when the buffers meet its alignment, otherwise
+    through its Python ``Codec.decode``.
+    """
+    algorithm = parts[0].algorithm
+    from . import nvcomp_c
+
+    if nvcomp_api() == "c" and nvcomp_c.available():
+        in_ptrs = [p.dev.data.ptr + o for p in parts for o in p.in_offs]
+        out_ptrs = [p.out.data.ptr + i * p.stride for p in parts for i in range(p.n)]
+        if nvcomp_c.aligned(algorithm, in_ptrs, out_ptrs):
+            return nvcomp_c.decode(algorithm, stream, in_ptrs, [s for p in parts for s in p.in_sizes], out_ptrs,
+                                   [p.stride for p in parts for _ in range(p.n)])
+    from nvidia import nvcomp
+
+    if len(parts) == 1:
+        p = parts[0]
+        ins = nvcomp.as_arrays(p.dev, p.in_offs, p.in_sizes)
+        outs = nvcomp.as_arrays(p.out, [i * p.stride for i in range(p.n)], [p.stride] * p.n)
+    else:  # several buffers: a BatchArray from views of each (the batch overloads take nothing else)
+        ins = nvcomp.as_arrays([p.dev[o : o + s] for p in parts for o, s in zip(p.in_offs, p.in_sizes)])
+        outs = nvcomp.as_arrays([p.out[i * p.stride : (i + 1) * p.stride] for p in parts for i in range(p.n)])
+    res = _nvcomp_codec(algorithm, stream).decode(ins, out=outs)
     stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
     return list(res.buffer_sizes)
 
@@ -577,22 +602,13 @@ def _execute_joined(batch: list[Any]) -> None:
     and checks ran on their own streams), and is idle again before any
     request is handed back: the other threads then own their buffers again.
     """
-    from nvidia import nvcomp
-
     from ..runtime.cuda import thread_stream
 
     stream = thread_stream()
     try:
-        ins: list[Any] = []
-        outs: list[Any] = []
         for r in batch:
-            f: _Frames = r.payload
-            stream.wait_event(f.ready)
-            ins += list(nvcomp.as_arrays(f.dev, f.in_offs, f.in_sizes))
-            outs += list(nvcomp.as_arrays(f.out, [i * f.stride for i in range(f.n)], [f.stride] * f.n))
-        res = _nvcomp_codec(batch[0].payload.algorithm, stream).decode(ins, out=outs)
-        stream.synchronize()
-        sizes = list(res.buffer_sizes)
+            stream.wait_event(r.payload.ready)
+        sizes = _decode_frames(stream, [r.payload for r in batch])
     except Exception as e:  # noqa: BLE001 - handed to the requests, none of which may be left waiting
         settle(stream)  # nothing of this call still writes into another thread's buffers
         for r in batch:

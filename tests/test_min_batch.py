@@ -53,17 +53,17 @@ def _forbid(monkeypatch, where, name):
 
 
 def _count_nvcomp(monkeypatch) -> list[str]:
-    """The nvCOMP algorithms the GPU decoder asks a codec for, from now on (the codec is still made and used)."""
+    """The algorithms of the nvCOMP decode calls the GPU decoder makes from now on (either interface; still made)."""
     import gpuzarr_dist.codecs.gpu as g
 
     calls: list[str] = []
-    real = g._nvcomp_codec
+    real = g._decode_frames
 
-    def counted(*args, **kwargs):
-        calls.append(args[0])
-        return real(*args, **kwargs)
+    def counted(stream, parts):
+        calls.append(parts[0].algorithm)
+        return real(stream, parts)
 
-    monkeypatch.setattr(g, "_nvcomp_codec", counted)
+    monkeypatch.setattr(g, "_decode_frames", counted)
     return calls
 
 
@@ -77,7 +77,7 @@ def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
     data = make_data("float32", (40, 50, 30), seed=3)
     path = _store(tmp_path, data, (10, 25, 30))
     expect = zarr.open_array(path, mode="r")[...]
-    _forbid(monkeypatch, g, "_nvcomp_codec")
+    _forbid(monkeypatch, g, "_decode_frames")
     with dask.config.set({"gpuzarr.gpu.min-batch": "1 MiB"}):  # a block here is 120 kB
         x = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30))
         got = x.compute()

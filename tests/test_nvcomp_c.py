@@ -3,7 +3,7 @@
 CPU tests cover the setting and what happens without libnvcomp. The tests
 marked ``gpu`` decode frames made by numcodecs from many threads at once
 (each with its own stream) and compare with the data they were made from,
-see a frame too large for its slot reported, and read arrays through both of
+see a frame larger than its chunk named, and read arrays through both of
 nvCOMP's interfaces against zarr-python.
 """
 
@@ -90,33 +90,27 @@ def test_threads_decode_their_frames_at_once():
 
 
 @pytest.mark.gpu
-def test_a_frame_larger_than_its_slot_stays_inside_it_and_is_reported():
-    """nvCOMP set no failure status for it (H200, nvCOMP 6.0); it must then report a short size, and leave the
-    bytes after the slot alone: the caller's size check (``decode: sizes``) catches the frame."""
-    import cupy
+@pytest.mark.parametrize("api", ["c", "python"])
+def test_a_frame_larger_than_its_chunk_is_named_and_its_neighbours_are_right(tmp_path, api):
+    """nvCOMP 6.0 reported success and the full size for a frame given half the slot it needed (H200, session
+    15), so slots bound nothing: a frame stating more bytes than its chunk must be stopped before the call."""
+    import pathlib
 
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    import numcodecs
 
-    stream = thread_stream()
-    arrays, frames = _frames(3, 2)
-    offs = [0, align(len(frames[0]))]
-    host = np.zeros(offs[1] + len(frames[1]), dtype=np.uint8)
-    for o, f in zip(offs, frames):
-        host[o : o + len(f)] = np.frombuffer(f, dtype=np.uint8)
-    slot, small = align(arrays[0].nbytes), arrays[1].nbytes // 2
-    with stream:
-        dev = cupy.asarray(host)
-        out = cupy.zeros(3 * slot, dtype=cupy.uint8)
-    try:
-        sizes = nvcomp_c.decode("Zstd", stream, [dev.data.ptr + o for o in offs], [len(f) for f in frames],
-                                [out.data.ptr, out.data.ptr + slot], [slot, small])
-    except nvcomp_c.NvcompCallError as e:
-        assert "frame 1" in str(e)
-    else:
-        assert sizes[0] == arrays[0].nbytes and sizes[1] != arrays[1].nbytes
-    got = out.get(stream=stream)
-    np.testing.assert_array_equal(got[: arrays[0].nbytes].view(np.float32).reshape(arrays[0].shape), arrays[0])
-    assert not got[slot + small :].any()  # nothing written past the small slot
+    path = str(tmp_path / "z.zarr")
+    data = make_data("float32", (24, 40, 48), seed=8, specials=False)
+    write_array(path, data, (1, 40, 48), compressors=[zc.ZstdCodec(level=1)])
+    expected = reference(path)
+    big = np.concatenate([data[3], data[4]]).astype("<f4")  # twice the chunk
+    pathlib.Path(path, "c", "3", "0", "0").write_bytes(numcodecs.Zstd(level=1).encode(big))
+    with dask.config.set({"gpuzarr.gpu.nvcomp-api": api, "gpuzarr.gpu.min-batch": 0}):
+        with pytest.raises(gz.ChunkDecodeError) as info:
+            gz.from_zarr_gpu(path, device="gpu", chunks=(24, 40, 48)).compute()
+        assert info.value.key == "c/3/0/0"
+        x = gz.from_zarr_gpu(path, device="gpu", chunks=(12, 40, 48))
+        assert_same(x[12:].compute().get(), expected[12:])
+        assert_same(x[:3].compute().get(), expected[:3])
 
 
 @pytest.mark.gpu

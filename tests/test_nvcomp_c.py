@@ -125,3 +125,57 @@ def test_both_interfaces_equal_zarr_python(tmp_path, api, codec):
                           "scheduler": "threads", "num_workers": 8}):
         x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 48, 40))
         assert_same(x.compute().get(), expected)
+
+
+@pytest.mark.gpu
+def test_threads_encode_chunks_numcodecs_decodes():
+    """16 threads, 5 zstd encodes of 12 chunks each through the C API, each thread on its own stream: numcodecs
+    decodes every chunk back to its source."""
+    import cupy
+    import numcodecs
+
+    from gpuzarr_dist.runtime.cuda import align, thread_stream
+
+    def work(seed: int) -> int:
+        stream = thread_stream()
+        arrays, _ = _frames(seed, 12)
+        nbytes = arrays[0].nbytes
+        stride, cap = align(nbytes), nvcomp_c.max_compressed_size("Zstd", nbytes)
+        slot = align(cap)
+        checked = 0
+        for _ in range(5):
+            with stream:
+                src = cupy.zeros(12 * stride, dtype=cupy.uint8)
+                for i, a in enumerate(arrays):
+                    src[i * stride : i * stride + nbytes] = cupy.asarray(a).view(cupy.uint8).reshape(-1)
+                out = cupy.empty(12 * slot, dtype=cupy.uint8)
+            call = nvcomp_c.launch_encode("Zstd", stream, [src.data.ptr + i * stride for i in range(12)], nbytes,
+                                          [out.data.ptr + i * slot for i in range(12)], slot)
+            sizes = nvcomp_c.finish_encode(call)
+            host = out.get(stream=stream)
+            for i, a in enumerate(arrays):
+                assert 0 < sizes[i] <= cap
+                frame = host[i * slot : i * slot + sizes[i]].tobytes()
+                np.testing.assert_array_equal(np.frombuffer(numcodecs.Zstd().decode(frame), "<f4").reshape(a.shape), a)
+                checked += 1
+        return checked
+
+    with ThreadPoolExecutor(16) as pool:
+        assert sum(pool.map(work, range(16))) == 16 * 5 * 12
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("api", ["c", "python"])
+@pytest.mark.parametrize("codec", ["zstd", "gzip"])
+def test_writes_through_both_interfaces_read_back_with_zarr_python(tmp_path, api, codec):
+    import cupy
+    import dask.array as da
+    import zarr
+
+    data = make_data("float32", (96, 50, 60), seed=11, specials=False)
+    x = da.from_array(data, chunks=(16, 50, 60)).map_blocks(cupy.asarray)
+    path = str(tmp_path / "out.zarr")
+    with dask.config.set({"gpuzarr.gpu.nvcomp-api": api, "gpuzarr.gpu.min-batch": 0,
+                          "scheduler": "threads", "num_workers": 8}):
+        gz.to_zarr_gpu(x, path, codec=codec, chunks=(2, 25, 30))
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)

@@ -17,6 +17,10 @@ checksummed on the host where that is cheap:
   pinned copy of the chunks, on the decode threads).
 - ``crc32c``: computed on the host over the stored bytes, as the outermost codec.
 
+Under ``gpuzarr.gpu.nvcomp-api c`` (the default) the call is nvCOMP's batched
+C function (:mod:`.nvcomp_c`: queued on the stream with the GIL released, the
+compressed sizes written by nvCOMP into device memory), into slots of
+nvCOMP's bound, packed by the gather kernel below. Otherwise (``python``)
 nvCOMP writes into one CuPy buffer of fixed slots (``encode(..., out=)``, slot
 = the codec's maximum compressed size, asked once per chunk size and cached),
 so no allocations by nvCOMP per chunk and no per-chunk Python on the device;
@@ -42,6 +46,7 @@ import numpy as np
 
 from .compressors import crc32c_value
 from .pipeline import CodecPipeline
+from ..config import nvcomp_api
 from ..errors import ChunkEncodeError
 from ..runtime.cuda import thread_nvcomp_codec
 
@@ -200,6 +205,7 @@ class PendingEncode:
         self.cap: int | None = None  # encode(out=) slots: nvCOMP's bound, the slot stride and the buffer
         self.slot = 0
         self.dev_out = None
+        self.c_call: Any = None  # the nvCOMP C API's queued call (gpuzarr.gpu.nvcomp-api c)
 
     def where(self) -> str:
         keys = self.keys
@@ -232,8 +238,9 @@ def launch_encode_gpu(
         return p
     from nvidia import nvcomp
 
+    from . import nvcomp_c
+
     algorithm = p.algorithm = NVCOMP_ENCODERS[compressor]
-    codec = p.codec = thread_nvcomp_codec(algorithm, stream)
     stride = align(max(nbytes, 1))
     if stride != nbytes and n > 1:  # nvCOMP wants aligned sub-buffers: pad the rows
         padded = cupy.empty((n, stride), dtype=cupy.uint8)
@@ -246,6 +253,19 @@ def launch_encode_gpu(
         p.plain = pinned_staging(n * nbytes)
         raw.reshape(-1).get(out=p.plain, stream=stream)
     p.clock.lap("prepare")
+    in_ptrs = [flat.data.ptr + i * stride for i in range(n)]
+    if n and nvcomp_api() == "c" and nvcomp_c.available() and nvcomp_c.encode_aligned(algorithm, in_ptrs):
+        try:  # the GIL released, the call queued; finish_encode_gpu reads the sizes nvCOMP wrote
+            cap = nvcomp_c.max_compressed_size(algorithm, nbytes)
+            slot = align(cap)
+            dev_out = cupy.empty(n * slot, dtype=cupy.uint8)
+            p.c_call = nvcomp_c.launch_encode(algorithm, stream, in_ptrs, nbytes,
+                                              [dev_out.data.ptr + i * slot for i in range(n)], slot)
+        except (RuntimeError, ValueError, MemoryError) as e:
+            raise ChunkEncodeError(pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
+        p.cap, p.slot, p.dev_out = cap, slot, dev_out
+        return p
+    codec = p.codec = thread_nvcomp_codec(algorithm, stream)
     p.src = nvcomp.as_arrays(flat, [i * stride for i in range(n)], [nbytes] * n)
     cap = _max_compressed(codec, algorithm, flat[:nbytes]) if n and not _out_refused else None
     if cap is not None:  # nvCOMP writes into our slots; one kernel packs them
@@ -279,7 +299,20 @@ def finish_encode_gpu(p: PendingEncode) -> list[Any]:
         out: list[Any] = [p.host[i * nbytes : (i + 1) * nbytes] for i in range(n)]
     else:
         packed = None
-        if p.cap is not None:
+        if p.c_call is not None:
+            from . import nvcomp_c
+
+            try:
+                sizes = nvcomp_c.finish_encode(p.c_call)
+            except (RuntimeError, MemoryError) as e:
+                raise ChunkEncodeError(p.pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
+            if any(s > p.cap or s <= 0 for s in sizes):  # never seen; a wrong size must not pass silently
+                raise ChunkEncodeError(p.pipeline.array, p.where(),
+                                       f"nvCOMP stated compressed sizes outside (0, {p.cap}]", compressor)
+            clock.lap("encode")
+            packed, offsets = gather(p.dev_out.data.ptr + p.slot * np.arange(n, dtype=np.uint64), sizes, stream)
+            clock.lap("pack")
+        elif p.cap is not None:
             cap = p.cap
             try:
                 stream.synchronize()  # wait where CuPy releases the GIL, before reading sizes

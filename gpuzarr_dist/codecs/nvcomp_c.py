@@ -10,6 +10,11 @@ caller's stream, so the decodes of several threads run on the GPU side by
 side, and the thread itself waits (stream synchronisation, GIL released) only
 when it needs the decoded sizes.
 
+Encoding goes the same way (:func:`launch_encode` queues the call and
+returns, :func:`finish_encode` waits and reads the compressed sizes): the
+Python ``Codec.encode`` also reported the slot capacities as the sizes when
+given output slots (nvCOMP 6.0, H200), which the C call writes itself.
+
 The library is the one nvCOMP's Python package loads (``nvidia.libnvcomp``),
 or a system ``libnvcomp.so.6``. Scratch space comes from CuPy's pool on the
 caller's stream, so it is reused and counted with the task's other buffers.
@@ -46,6 +51,17 @@ class _DecompressOpts(ctypes.Structure):
     _fields_ = [("raw", ctypes.c_char * 64)]
 
 
+class _CompressOpts(ctypes.Structure):
+    """Any ``nvcompBatched<Algorithm>CompressOpts_t``: 64 bytes; Deflate's first field is its ``algorithm``
+    (1, nvCOMP's default: high throughput), Zstd's are all reserved (zero)."""
+
+    _fields_ = [("first", ctypes.c_int), ("reserved", ctypes.c_char * 60)]
+
+
+#: each encoder's default options (nvCOMP's ``nvcompBatched<Algorithm>CompressDefaultOpts``)
+_COMPRESS_FIRST = {"Zstd": 0, "Deflate": 1}
+
+
 class _Alignments(ctypes.Structure):
     """``nvcompAlignmentRequirements_t``."""
 
@@ -74,8 +90,31 @@ class _Api:
         self.alignments = (int(a.input), int(a.output), int(a.temp))
 
 
+class _EncodeApi:
+    """The encode functions of one algorithm, with their argument types, its alignments and default options."""
+
+    def __init__(self, lib: ctypes.CDLL, algorithm: str) -> None:
+        p, sz, vp = ctypes.POINTER, ctypes.c_size_t, ctypes.c_void_p
+        name = f"nvcompBatched{algorithm}Compress"
+        self.opts = _CompressOpts(_COMPRESS_FIRST[algorithm])
+        self.temp_size = getattr(lib, f"{name}GetTempSize")
+        self.temp_size.argtypes = [sz, sz, _CompressOpts, p(sz), sz, vp]
+        self.max_output = getattr(lib, f"{name}GetMaxOutputChunkSize")
+        self.max_output.argtypes = [sz, _CompressOpts, p(sz)]
+        self.compress = getattr(lib, f"{name}Async")
+        self.compress.argtypes = [vp, vp, sz, sz, vp, sz, vp, vp, _CompressOpts, vp, vp]
+        aligns = getattr(lib, f"{name}GetRequiredAlignments")
+        aligns.argtypes = [_CompressOpts, p(_Alignments)]
+        for f in (self.temp_size, self.max_output, self.compress, aligns):
+            f.restype = ctypes.c_int
+        a = _Alignments()
+        _check(aligns(self.opts, ctypes.byref(a)), f"{name}GetRequiredAlignments")
+        self.alignments = (int(a.input), int(a.output), int(a.temp))
+
+
 _lock = threading.Lock()
 _apis: dict[str, _Api] = {}
+_encode_apis: dict[str, _EncodeApi] = {}
 _lib: list[ctypes.CDLL] = []
 
 
@@ -102,6 +141,92 @@ def api(algorithm: str) -> _Api:
         if a is None:
             a = _apis[algorithm] = _Api(_library(), algorithm)
     return a
+
+
+def encode_api(algorithm: str) -> _EncodeApi:
+    """The encode functions of ``algorithm`` (``Zstd`` or ``Deflate``); raises OSError without libnvcomp."""
+    if algorithm not in _COMPRESS_FIRST:
+        raise ValueError(f"nvCOMP C encode: unknown algorithm {algorithm!r} (one of {', '.join(_COMPRESS_FIRST)})")
+    with _lock:
+        a = _encode_apis.get(algorithm)
+        if a is None:
+            a = _encode_apis[algorithm] = _EncodeApi(_library(), algorithm)
+    return a
+
+
+def max_compressed_size(algorithm: str, nbytes: int) -> int:
+    """nvCOMP's bound on the compressed size of a chunk of ``nbytes`` bytes."""
+    a = encode_api(algorithm)
+    out = ctypes.c_size_t(0)
+    _check(a.max_output(nbytes, a.opts, ctypes.byref(out)), f"nvcompBatched{algorithm}CompressGetMaxOutputChunkSize")
+    return int(out.value)
+
+
+def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
+    """Whether every input address meets ``algorithm``'s encode alignment (output slots are ours to align)."""
+    a_in = encode_api(algorithm).alignments[0]
+    return all(p % a_in == 0 for p in in_ptrs)
+
+
+class PendingEncode:
+    """An encode queued on a stream: its tables, scratch and results stay referenced here until it is finished."""
+
+    def __init__(self, algorithm: str, stream: cupy.cuda.Stream, n: int, keep: tuple) -> None:
+        self.algorithm, self.stream, self.n, self.keep = algorithm, stream, n, keep
+
+
+def launch_encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], nbytes: int,
+                  out_ptrs: Sequence[int], out_capacity: int) -> PendingEncode:
+    """Queue the encode of ``len(in_ptrs)`` chunks of ``nbytes`` bytes into slots of ``out_capacity`` bytes
+    (at least :func:`max_compressed_size`) on ``stream``, and return without waiting (:func:`finish_encode`)."""
+    import cupy
+
+    from ..runtime.cuda import pinned_staging
+
+    a = encode_api(algorithm)
+    n = len(in_ptrs)
+    if out_capacity < max_compressed_size(algorithm, nbytes):
+        raise ValueError(f"nvCOMP {algorithm} encode: slots of {out_capacity} bytes are below nvCOMP's bound")
+    a_in, a_out, a_temp = a.alignments
+    if any(p % a_in for p in in_ptrs) or any(p % a_out for p in out_ptrs):
+        raise NvcompCallError(f"nvCOMP {algorithm} encode: buffers not aligned to {(a_in, a_out)} (input, output)")
+    tables = pinned_staging(3 * n * 8).view(np.uint64).reshape(3, n)  # in ptrs, in bytes, out ptrs
+    tables[0], tables[1], tables[2] = in_ptrs, nbytes, out_ptrs
+    try:
+        with stream:
+            dev_tables = cupy.empty((3, n), dtype=cupy.uint64)
+            dev_tables.set(tables, stream=stream)
+            results = cupy.empty(2 * n, dtype=cupy.uint64)  # compressed sizes, then the int32 statuses
+            temp_bytes = ctypes.c_size_t(0)
+            _check(a.temp_size(n, nbytes, a.opts, ctypes.byref(temp_bytes), n * nbytes, stream.ptr),
+                   f"nvcompBatched{algorithm}CompressGetTempSize")
+            temp = cupy.empty(max(int(temp_bytes.value), 1), dtype=cupy.uint8)
+            if temp.data.ptr % a_temp:
+                raise NvcompCallError(f"nvCOMP {algorithm} encode: scratch not aligned to {a_temp}")
+            row = dev_tables.data.ptr
+            _check(a.compress(row, row + 8 * n, nbytes, n, temp.data.ptr, int(temp_bytes.value), row + 16 * n,
+                              results.data.ptr, a.opts, results.data.ptr + 8 * n, stream.ptr),
+                   f"nvcompBatched{algorithm}CompressAsync")
+    except BaseException:
+        stream.synchronize()  # the pinned tables go back to their pool only when no copy reads them
+        raise
+    return PendingEncode(algorithm, stream, n, (tables, dev_tables, temp, results))
+
+
+def finish_encode(p: PendingEncode) -> list[int]:
+    """Wait for a launched encode (the GIL released) and return the compressed sizes; raises on any failed chunk."""
+    p.stream.synchronize()
+    results = p.keep[3]
+    host = results.get(stream=p.stream)
+    p.keep = ()
+    n = p.n
+    statuses = host[n:].view(np.int32)[:n]
+    bad = np.flatnonzero(statuses)
+    if bad.size:
+        i = int(bad[0])
+        raise NvcompCallError(f"nvCOMP {p.algorithm} encode: {bad.size} of {n} chunks failed, the first (chunk {i}) "
+                              f"with {STATUS.get(int(statuses[i]), int(statuses[i]))}")
+    return host[:n].astype(np.int64).tolist()
 
 
 _unavailable: list[str] = []

@@ -111,15 +111,6 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     The C call releases the GIL and only queues the decode on the thread's
     stream. Frames whose addresses miss the C functions' alignment, and
     processes whose libnvcomp lacks them, use the Python call.
-``gpuzarr.gpu.encode-scratch``
-    With ``device="gpu"`` and ``nvcomp-api c``: the most device scratch one
-    nvCOMP encode call of a write may take (default ``1 GiB``; ``0``: no
-    limit). nvCOMP's zstd and deflate encoders ask for about 9 bytes of
-    scratch per input byte (37.6 MB for a 4.17 MB chunk), so a block of 150
-    such chunks would take 5.6 GB in one call; its chunks go in as many calls
-    as keep each under the limit, one after another on the task's stream.
-    The Cubed variant's tasks use their ``reserved_mem`` instead, so a
-    write's scratch stays inside ``allowed_mem``.
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -140,9 +131,6 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
 from __future__ import annotations
 
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import dask.config
 
@@ -256,31 +244,6 @@ def gpu_sync_wait() -> str:
 
 
 dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1, "decode-combine": False}}})
-
-
-dask.config.update_defaults({"gpuzarr": {"gpu": {"encode-scratch": "1 GiB"}}})
-
-_thread = threading.local()
-
-
-@contextmanager
-def thread_encode_scratch(nbytes: int | None) -> Iterator[None]:
-    """Within the ``with`` block, in this thread only: encode calls' scratch at most ``nbytes`` (``None``: the
-    setting). The Cubed executor runs each task under its ``reserved_mem``."""
-    before = getattr(_thread, "encode_scratch", None)
-    _thread.encode_scratch = nbytes
-    try:
-        yield
-    finally:
-        _thread.encode_scratch = before
-
-
-def encode_scratch_bytes() -> int | None:
-    """The encode scratch limit in force in this thread (see ``gpuzarr.gpu.encode-scratch``); None: no limit."""
-    v = getattr(_thread, "encode_scratch", None)
-    if v is not None:
-        return int(v)
-    return _size_setting("gpuzarr.gpu.encode-scratch", "1 GiB") or None
 
 
 NVCOMP_APIS = ("c", "python")

@@ -19,7 +19,7 @@ import zarr.codecs as zc
 import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, write_array
 from gpuzarr_dist.codecs import nvcomp_c
-from gpuzarr_dist.config import encode_scratch_bytes, nvcomp_api, thread_encode_scratch
+from gpuzarr_dist.config import nvcomp_api
 
 
 def test_setting():
@@ -28,18 +28,6 @@ def test_setting():
         assert nvcomp_api() == "python"
     with dask.config.set({"gpuzarr.gpu.nvcomp-api": "rust"}), pytest.raises(ValueError, match="nvcomp-api"):
         nvcomp_api()
-
-
-def test_encode_scratch_setting_and_the_threads_own_limit():
-    assert encode_scratch_bytes() == 1 << 30
-    with dask.config.set({"gpuzarr.gpu.encode-scratch": "0"}):
-        assert encode_scratch_bytes() is None
-    seen = []
-    with thread_encode_scratch(123):
-        assert encode_scratch_bytes() == 123
-        with ThreadPoolExecutor(1) as pool:  # another thread keeps the setting
-            seen.append(pool.submit(encode_scratch_bytes).result())
-    assert seen == [1 << 30] and encode_scratch_bytes() == 1 << 30
 
 
 def test_unknown_algorithm_is_named():
@@ -141,8 +129,8 @@ def test_both_interfaces_equal_zarr_python(tmp_path, api, codec):
 
 @pytest.mark.gpu
 def test_threads_encode_chunks_numcodecs_decodes():
-    """16 threads, 5 zstd encodes of 12 chunks each through the C API, each thread on its own stream, half of them
-    in calls of 5 chunks sharing one scratch buffer: numcodecs decodes every chunk back to its source."""
+    """16 threads, 5 zstd encodes of 12 chunks each through the C API, each thread on its own stream: numcodecs
+    decodes every chunk back to its source."""
     import cupy
     import numcodecs
 
@@ -161,11 +149,8 @@ def test_threads_encode_chunks_numcodecs_decodes():
                 for i, a in enumerate(arrays):
                     src[i * stride : i * stride + nbytes] = cupy.asarray(a).view(cupy.uint8).reshape(-1)
                 out = cupy.empty(12 * slot, dtype=cupy.uint8)
-            one = nvcomp_c.encode_scratch_size("Zstd", 1, nbytes)
             call = nvcomp_c.launch_encode("Zstd", stream, [src.data.ptr + i * stride for i in range(12)], nbytes,
-                                          [out.data.ptr + i * slot for i in range(12)], slot,
-                                          max_scratch=None if seed % 2 else 5 * one)  # half in calls of 5 chunks
-            assert call.calls == (1 if seed % 2 else 3)
+                                          [out.data.ptr + i * slot for i in range(12)], slot)
             sizes = nvcomp_c.finish_encode(call)
             host = out.get(stream=stream)
             for i, a in enumerate(arrays):

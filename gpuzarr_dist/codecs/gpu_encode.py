@@ -46,7 +46,7 @@ import numpy as np
 
 from .compressors import crc32c_value
 from .pipeline import CodecPipeline
-from ..config import encode_scratch_bytes, nvcomp_api
+from ..config import nvcomp_api
 from ..errors import ChunkEncodeError
 from ..runtime.cuda import thread_nvcomp_codec
 
@@ -260,8 +260,7 @@ def launch_encode_gpu(
             slot = align(cap)
             dev_out = cupy.empty(n * slot, dtype=cupy.uint8)
             p.c_call = nvcomp_c.launch_encode(algorithm, stream, in_ptrs, nbytes,
-                                              [dev_out.data.ptr + i * slot for i in range(n)], slot,
-                                              max_scratch=encode_scratch_bytes())
+                                              [dev_out.data.ptr + i * slot for i in range(n)], slot)
         except (RuntimeError, ValueError, MemoryError) as e:
             raise ChunkEncodeError(pipeline.array, p.where(), f"nvCOMP: {e}", compressor) from e
         p.cap, p.slot, p.dev_out = cap, slot, dev_out

@@ -173,28 +173,12 @@ class PendingEncode:
 
     def __init__(self, algorithm: str, stream: cupy.cuda.Stream, n: int, keep: tuple) -> None:
         self.algorithm, self.stream, self.n, self.keep = algorithm, stream, n, keep
-        self.calls = 1
-
-
-def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
-    """The device scratch nvCOMP asks for to encode ``n`` chunks of ``nbytes`` bytes in one call."""
-    a = encode_api(algorithm)
-    out = ctypes.c_size_t(0)
-    _check(a.temp_size(n, nbytes, a.opts, ctypes.byref(out), n * nbytes, None),
-           f"nvcompBatched{algorithm}CompressGetTempSize")
-    return int(out.value)
 
 
 def launch_encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], nbytes: int,
-                  out_ptrs: Sequence[int], out_capacity: int, max_scratch: int | None = None) -> PendingEncode:
+                  out_ptrs: Sequence[int], out_capacity: int) -> PendingEncode:
     """Queue the encode of ``len(in_ptrs)`` chunks of ``nbytes`` bytes into slots of ``out_capacity`` bytes
-    (at least :func:`max_compressed_size`) on ``stream``, and return without waiting (:func:`finish_encode`).
-
-    nvCOMP's scratch grows with the chunks of a call (zstd and deflate: about
-    9 bytes per input byte). With ``max_scratch`` the chunks go in as many
-    calls as keep each call's scratch under it (at least one chunk a call),
-    queued one after another on ``stream`` and sharing one scratch buffer.
-    """
+    (at least :func:`max_compressed_size`) on ``stream``, and return without waiting (:func:`finish_encode`)."""
     import cupy
 
     from ..runtime.cuda import pinned_staging
@@ -206,11 +190,6 @@ def launch_encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[in
     a_in, a_out, a_temp = a.alignments
     if any(p % a_in for p in in_ptrs) or any(p % a_out for p in out_ptrs):
         raise NvcompCallError(f"nvCOMP {algorithm} encode: buffers not aligned to {(a_in, a_out)} (input, output)")
-    per_call = n
-    if max_scratch is not None and n > 1:
-        one = max(1, encode_scratch_size(algorithm, 1, nbytes))
-        per_call = max(1, min(n, max_scratch // one))
-    temp_bytes = encode_scratch_size(algorithm, per_call, nbytes)
     tables = pinned_staging(3 * n * 8).view(np.uint64).reshape(3, n)  # in ptrs, in bytes, out ptrs
     tables[0], tables[1], tables[2] = in_ptrs, nbytes, out_ptrs
     try:
@@ -218,21 +197,20 @@ def launch_encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[in
             dev_tables = cupy.empty((3, n), dtype=cupy.uint64)
             dev_tables.set(tables, stream=stream)
             results = cupy.empty(2 * n, dtype=cupy.uint64)  # compressed sizes, then the int32 statuses
-            temp = cupy.empty(max(temp_bytes, 1), dtype=cupy.uint8)
+            temp_bytes = ctypes.c_size_t(0)
+            _check(a.temp_size(n, nbytes, a.opts, ctypes.byref(temp_bytes), n * nbytes, stream.ptr),
+                   f"nvcompBatched{algorithm}CompressGetTempSize")
+            temp = cupy.empty(max(int(temp_bytes.value), 1), dtype=cupy.uint8)
             if temp.data.ptr % a_temp:
                 raise NvcompCallError(f"nvCOMP {algorithm} encode: scratch not aligned to {a_temp}")
-            row, res = dev_tables.data.ptr, results.data.ptr
-            for lo in range(0, n, per_call):  # stream-ordered: each call's scratch is free when the next starts
-                k = min(per_call, n - lo)
-                _check(a.compress(row + 8 * lo, row + 8 * (n + lo), nbytes, k, temp.data.ptr, temp_bytes,
-                                  row + 8 * (2 * n + lo), res + 8 * lo, a.opts, res + 8 * n + 4 * lo, stream.ptr),
-                       f"nvcompBatched{algorithm}CompressAsync")
+            row = dev_tables.data.ptr
+            _check(a.compress(row, row + 8 * n, nbytes, n, temp.data.ptr, int(temp_bytes.value), row + 16 * n,
+                              results.data.ptr, a.opts, results.data.ptr + 8 * n, stream.ptr),
+                   f"nvcompBatched{algorithm}CompressAsync")
     except BaseException:
         stream.synchronize()  # the pinned tables go back to their pool only when no copy reads them
         raise
-    p = PendingEncode(algorithm, stream, n, (tables, dev_tables, temp, results))
-    p.calls = -(-n // per_call)
-    return p
+    return PendingEncode(algorithm, stream, n, (tables, dev_tables, temp, results))
 
 
 def finish_encode(p: PendingEncode) -> list[int]:

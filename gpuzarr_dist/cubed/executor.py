@@ -199,7 +199,7 @@ class ThreadsExecutor(DagExecutor):
                             if item is _END:
                                 break
                             pending[pool.submit(run_task, item, pipeline.function, config, dev, self.measure,
-                                                self.retries, _reserved(spec))] = item
+                                                self.retries)] = item
                         if not pending:
                             break
                         done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -213,11 +213,6 @@ class ThreadsExecutor(DagExecutor):
 
 
 _END = object()
-
-
-def _reserved(spec: Any) -> int | None:
-    """The spec's ``reserved_mem`` (the tasks' workspace: their encode scratch stays within it), if any."""
-    return int(getattr(spec, "reserved_mem", 0) or 0) or None
 
 
 class DistributedExecutor(DagExecutor):
@@ -318,7 +313,7 @@ class DistributedExecutor(DagExecutor):
             pipeline = node["pipeline"]
             # cubed's configs hold local closures: cloudpickle them once, send the bytes to workers once
             payload = cloudpickle.dumps((pipeline.function, wrap_config(pipeline.config, dev), dev, self.measure,
-                                         self.retries, _reserved(spec)))
+                                         self.retries))
             [scattered] = client.scatter([payload], hash=False)
             created = time.time()
             items = iter(enumerate(pipeline.mappable))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..config import thread_encode_scratch
 from .memory import measurer
 from .storage import prepare_process
 
@@ -22,15 +21,13 @@ def _transient(e: BaseException) -> bool:
 
 
 def run_task(item: Any, function: Any, config: Any, device: str, measure: str = "auto",
-             retries: int = 0, reserved_mem: int | None = None) -> tuple[Any, dict]:
+             retries: int = 0) -> tuple[Any, dict]:
     """Run one cubed task ``function(item, config=config)``; returns ``(result, stats)`` for cubed's TaskEndEvent.
 
     On the GPU the thread's CUDA stream (created once per thread) is CuPy's
     current stream for the task and is synchronised before returning, so
     everything the task wrote is complete; ``peak_measured_mem_end`` is the
-    peak device memory the task's thread held from CuPy's pool. The task's
-    GPU encodes keep their nvCOMP scratch within ``reserved_mem`` (the spec's
-    workspace; decode scratch and encode scratch are not held at once).
+    peak device memory the task's thread held from CuPy's pool.
     """
     prepare_process(device)
     stream = None
@@ -43,7 +40,7 @@ def run_task(item: Any, function: Any, config: Any, device: str, measure: str = 
         m = measurer(device, measure)()
         start = time.time()
         try:
-            with m, thread_encode_scratch(reserved_mem or None):
+            with m:
                 result = function(item, config=config)
                 if stream is not None:
                     stream.synchronize()
@@ -67,7 +64,7 @@ _payloads: dict[int, tuple] = {}
 
 
 def run_task_payload(item: Any, payload: bytes) -> tuple[Any, dict]:
-    """:func:`run_task` with ``(function, config, device, measure, retries, reserved_mem)`` cloudpickled in one scattered object.
+    """:func:`run_task` with ``(function, config, device, measure, retries)`` cloudpickled in one scattered object.
 
     The bytes are unpickled once per worker process and operation (cached by object identity).
     """
@@ -79,5 +76,5 @@ def run_task_payload(item: Any, payload: bytes) -> tuple[Any, dict]:
         if len(_payloads) > 8:
             _payloads.clear()
         entry = _payloads[key] = (payload, cloudpickle.loads(payload))
-    function, config, device, measure, retries, reserved_mem = entry[1]
-    return run_task(item, function, config, device, measure, retries, reserved_mem)
+    function, config, device, measure, retries = entry[1]
+    return run_task(item, function, config, device, measure, retries)

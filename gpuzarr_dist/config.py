@@ -111,6 +111,16 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     The C call releases the GIL and only queues the decode on the thread's
     stream. Frames whose addresses miss the C functions' alignment, and
     processes whose libnvcomp lacks them, use the Python call.
+``gpuzarr.gpu.encode-scratch``
+    With ``device="gpu"`` and ``nvcomp-api c``: the device scratch a process
+    keeps for nvCOMP's encoder, per GPU and codec (default ``2 GiB``; ``0``:
+    as much as a call asks). The encodes that a process's threads ask for at
+    the same time go in one call on it, in as many calls as keep it under
+    this size. Measured on an H200: nvCOMP's zstd encoder asks 1.13 GB for
+    any call plus 1.35 bytes per input byte (2 GiB: about 180 chunks of 4.17
+    MB a call); its deflate encoder 9 bytes per input byte. The scratch is
+    the process's, not a task's: it is not in the Cubed variant's measured
+    peak per task (which is what ``allowed_mem`` bounds).
 ``gpuzarr.gpu.sync-wait``
     How a thread waits for the GPU (a stream synchronisation, a copy back):
     ``auto`` (default: CUDA's own choice, which is to spin on a core while the
@@ -244,6 +254,14 @@ def gpu_sync_wait() -> str:
 
 
 dask.config.update_defaults({"gpuzarr": {"gpu": {"read-slots": 1, "decode-combine": False}}})
+
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"encode-scratch": "2 GiB"}}})
+
+
+def encode_scratch_bytes() -> int | None:
+    """``gpuzarr.gpu.encode-scratch`` in bytes (see the module docstring); None: no limit."""
+    return _size_setting("gpuzarr.gpu.encode-scratch", "2 GiB") or None
 
 
 NVCOMP_APIS = ("c", "python")

@@ -19,7 +19,7 @@ import zarr.codecs as zc
 import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, write_array
 from gpuzarr_dist.codecs import nvcomp_c
-from gpuzarr_dist.config import nvcomp_api
+from gpuzarr_dist.config import encode_scratch_bytes, nvcomp_api
 
 
 def test_setting():
@@ -28,6 +28,14 @@ def test_setting():
         assert nvcomp_api() == "python"
     with dask.config.set({"gpuzarr.gpu.nvcomp-api": "rust"}), pytest.raises(ValueError, match="nvcomp-api"):
         nvcomp_api()
+
+
+def test_encode_scratch_setting():
+    assert encode_scratch_bytes() == 2 << 30
+    with dask.config.set({"gpuzarr.gpu.encode-scratch": "0"}):
+        assert encode_scratch_bytes() is None
+    with dask.config.set({"gpuzarr.gpu.encode-scratch": "-1"}), pytest.raises(ValueError, match="encode-scratch"):
+        encode_scratch_bytes()
 
 
 def test_unknown_algorithm_is_named():
@@ -129,8 +137,8 @@ def test_both_interfaces_equal_zarr_python(tmp_path, api, codec):
 
 @pytest.mark.gpu
 def test_threads_encode_chunks_numcodecs_decodes():
-    """16 threads, 5 zstd encodes of 12 chunks each through the C API, each thread on its own stream: numcodecs
-    decodes every chunk back to its source."""
+    """16 threads, 5 zstd encodes of 12 chunks each through the C API, each thread on its own stream and scratch,
+    half of them in calls of 5 chunks: numcodecs decodes every chunk back to its source."""
     import cupy
     import numcodecs
 
@@ -142,16 +150,20 @@ def test_threads_encode_chunks_numcodecs_decodes():
         nbytes = arrays[0].nbytes
         stride, cap = align(nbytes), nvcomp_c.max_compressed_size("Zstd", nbytes)
         slot = align(cap)
+        per_call = 12 if seed % 2 else 5
+        scratch_bytes = nvcomp_c.encode_scratch_size("Zstd", per_call, nbytes)
         checked = 0
+        with stream:
+            scratch = cupy.empty(scratch_bytes, dtype=cupy.uint8)
         for _ in range(5):
             with stream:
                 src = cupy.zeros(12 * stride, dtype=cupy.uint8)
                 for i, a in enumerate(arrays):
                     src[i * stride : i * stride + nbytes] = cupy.asarray(a).view(cupy.uint8).reshape(-1)
                 out = cupy.empty(12 * slot, dtype=cupy.uint8)
-            call = nvcomp_c.launch_encode("Zstd", stream, [src.data.ptr + i * stride for i in range(12)], nbytes,
-                                          [out.data.ptr + i * slot for i in range(12)], slot)
-            sizes = nvcomp_c.finish_encode(call)
+            sizes = nvcomp_c.encode("Zstd", stream, [src.data.ptr + i * stride for i in range(12)], [nbytes] * 12,
+                                    [out.data.ptr + i * slot for i in range(12)], scratch.data.ptr, scratch_bytes,
+                                    per_call)
             host = out.get(stream=stream)
             for i, a in enumerate(arrays):
                 assert 0 < sizes[i] <= cap
@@ -162,6 +174,53 @@ def test_threads_encode_chunks_numcodecs_decodes():
 
     with ThreadPoolExecutor(16) as pool:
         assert sum(pool.map(work, range(16))) == 16 * 5 * 12
+
+
+@pytest.mark.gpu
+def test_too_little_scratch_is_refused_before_the_call():
+    import cupy
+
+    from gpuzarr_dist.runtime.cuda import thread_stream
+
+    stream = thread_stream()
+    with stream:
+        src = cupy.zeros(1 << 20, dtype=cupy.uint8)
+        out = cupy.empty(2 << 20, dtype=cupy.uint8)
+        scratch = cupy.empty(1 << 20, dtype=cupy.uint8)
+    with pytest.raises(ValueError, match="scratch are too few"):
+        nvcomp_c.encode("Zstd", stream, [src.data.ptr], [1 << 20], [out.data.ptr], scratch.data.ptr, 1 << 20, 1)
+
+
+@pytest.mark.gpu
+def test_threads_writes_join_in_the_process_scratch(tmp_path, monkeypatch):
+    """8 threads writing blocks at once: their encodes join (fewer calls than blocks), the process keeps one
+    scratch buffer, and zarr-python reads back every value."""
+    import cupy
+    import dask.array as da
+    import zarr
+
+    from gpuzarr_dist.codecs import combine, gpu_encode
+
+    real = gpu_encode._execute_encodes
+
+    def slow(batch):  # a longer call: the other threads' blocks queue behind it and join the next one
+        import time
+
+        time.sleep(0.02)
+        real(batch)
+
+    monkeypatch.setattr(gpu_encode, "_execute_encodes", slow)
+    monkeypatch.setattr(combine, "_combiners", {})
+    data = make_data("float32", (128, 50, 60), seed=12, specials=False)
+    x = da.from_array(data, chunks=(8, 50, 60)).map_blocks(cupy.asarray)
+    path = str(tmp_path / "out.zarr")
+    with dask.config.set({"gpuzarr.gpu.min-batch": 0, "gpuzarr.gpu.min-batch-chunks": 0,
+                          "scheduler": "threads", "num_workers": 8}):
+        gz.to_zarr_gpu(x, path, codec="zstd", chunks=(2, 50, 60))
+    np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
+    (c,) = [v for k, v in combine._combiners.items() if k[0] == "encode"]
+    assert c.requests == 16 and c.calls < c.requests
+    assert gpu_encode.workspace_bytes() >= nvcomp_c.encode_scratch_size("Zstd", 1, 2 * 50 * 60 * 4)
 
 
 @pytest.mark.gpu

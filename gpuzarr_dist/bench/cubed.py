@@ -224,6 +224,10 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             _check_and_drop(path, one_path, m, res)
             res["peak_task_bytes"] = max(peaks) if peaks else None
             res["reserved_mem"] = s.reserved_mem
+            if device == "gpu":
+                from gpuzarr_dist.codecs.gpu_encode import workspace_bytes
+
+                res["encode_workspace_bytes"] = workspace_bytes()  # the process's, shared by its tasks
             res["blocks"] = [list(c[:2]) for c in x.chunks]
             from gpuzarr_dist.cubed.storage import write_stats
 
@@ -431,10 +435,15 @@ def format_result(res: dict) -> str:
     if oc and oc.get("peak_task_bytes") is not None:
         p = oc["peak_task_bytes"]
         if res["device"] == "gpu":
-            lines.append(f"measured peak device memory per task (CuPy pool, nvCOMP scratch outside it): "
+            what = ("CuPy pool, nvCOMP's decode scratch in it" if res.get("nvcomp_api", "c") == "c"
+                    else "CuPy pool, nvCOMP scratch outside it")
+            shared = oc.get("encode_workspace_bytes")
+            lines.append(f"measured peak device memory per task ({what}): "
                          f"{format_bytes(p)} of allowed_mem {format_bytes(res['allowed_mem'])} "
                          f"({'within' if p <= res['allowed_mem'] else 'OVER'}); "
-                         f"reserved_mem {format_bytes(oc['reserved_mem'])}")
+                         f"reserved_mem {format_bytes(oc['reserved_mem'])}"
+                         + (f"; plus the process's nvCOMP encode scratch, shared by its tasks: {format_bytes(shared)}"
+                            if shared else ""))
         else:
             lines.append(f"host memory: largest growth of the process's peak RSS during one task {format_bytes(p)} "
                          f"(cubed's measure, process-wide, not per task); reserved_mem {format_bytes(oc['reserved_mem'])}")

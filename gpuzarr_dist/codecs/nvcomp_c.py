@@ -10,10 +10,11 @@ caller's stream, so the decodes of several threads run on the GPU side by
 side, and the thread itself waits (stream synchronisation, GIL released) only
 when it needs the decoded sizes.
 
-Encoding goes the same way (:func:`launch_encode` queues the call and
-returns, :func:`finish_encode` waits and reads the compressed sizes): the
-Python ``Codec.encode`` also reported the slot capacities as the sizes when
-given output slots (nvCOMP 6.0, H200), which the C call writes itself.
+Encoding goes the same way (:func:`encode`), into a scratch buffer the
+caller provides (``gpu_encode`` keeps one per GPU and codec for the process:
+zstd's is 1.13 GB whatever the call). The Python ``Codec.encode`` also
+reported the slot capacities as the sizes when given output slots (nvCOMP
+6.0, H200); the C call writes the sizes itself.
 
 The library is the one nvCOMP's Python package loads (``nvidia.libnvcomp``),
 or a system ``libnvcomp.so.6``. Scratch space comes from CuPy's pool on the
@@ -168,63 +169,77 @@ def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
     return all(p % a_in == 0 for p in in_ptrs)
 
 
-class PendingEncode:
-    """An encode queued on a stream: its tables, scratch and results stay referenced here until it is finished."""
+def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
+    """The device scratch nvCOMP asks for to encode ``n`` chunks of at most ``nbytes`` bytes in one call.
 
-    def __init__(self, algorithm: str, stream: cupy.cuda.Stream, n: int, keep: tuple) -> None:
-        self.algorithm, self.stream, self.n, self.keep = algorithm, stream, n, keep
+    Measured on an H200 (nvCOMP 6.0, ``tools/gpu_probe_encode_scratch.py``):
+    Zstd 1133 MB for one 4.17 MB chunk, 1316 MB for 28, 2652 MB for 225
+    (about 1.13 GB whatever the call, plus 1.35 bytes per input byte);
+    Deflate 9 bytes per input byte, nothing fixed.
+    """
+    a = encode_api(algorithm)
+    out = ctypes.c_size_t(0)
+    _check(a.temp_size(n, nbytes, a.opts, ctypes.byref(out), n * nbytes, None),
+           f"nvcompBatched{algorithm}CompressGetTempSize")
+    return int(out.value)
 
 
-def launch_encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], nbytes: int,
-                  out_ptrs: Sequence[int], out_capacity: int) -> PendingEncode:
-    """Queue the encode of ``len(in_ptrs)`` chunks of ``nbytes`` bytes into slots of ``out_capacity`` bytes
-    (at least :func:`max_compressed_size`) on ``stream``, and return without waiting (:func:`finish_encode`)."""
+def chunks_per_call(algorithm: str, nbytes: int, max_scratch: int) -> int:
+    """The most chunks of ``nbytes`` one encode call may take with at most ``max_scratch`` of scratch (at least 1)."""
+    one = encode_scratch_size(algorithm, 1, nbytes)
+    each = max(1, encode_scratch_size(algorithm, 2, nbytes) - one)
+    return max(1, (max_scratch - (one - each)) // each)
+
+
+def encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_sizes: Sequence[int],
+           out_ptrs: Sequence[int], scratch_ptr: int, scratch_bytes: int, per_call: int) -> list[int]:
+    """Encode chunks into slots of at least :func:`max_compressed_size` of the largest on ``stream``, waited for;
+    their compressed sizes. Raises :class:`NvcompCallError` if nvCOMP refuses a call or fails a chunk.
+
+    The chunks go in calls of at most ``per_call``, queued one after another
+    on ``stream`` and sharing the scratch at ``scratch_ptr``, which must hold
+    :func:`encode_scratch_size` of ``per_call`` chunks of the largest size.
+    The thread waits for ``stream`` with the GIL released.
+    """
     import cupy
 
     from ..runtime.cuda import pinned_staging
 
     a = encode_api(algorithm)
     n = len(in_ptrs)
-    if out_capacity < max_compressed_size(algorithm, nbytes):
-        raise ValueError(f"nvCOMP {algorithm} encode: slots of {out_capacity} bytes are below nvCOMP's bound")
+    if n == 0:
+        return []
+    largest = int(max(in_sizes))
     a_in, a_out, a_temp = a.alignments
-    if any(p % a_in for p in in_ptrs) or any(p % a_out for p in out_ptrs):
-        raise NvcompCallError(f"nvCOMP {algorithm} encode: buffers not aligned to {(a_in, a_out)} (input, output)")
+    if any(p % a_in for p in in_ptrs) or any(p % a_out for p in out_ptrs) or scratch_ptr % a_temp:
+        raise NvcompCallError(f"nvCOMP {algorithm} encode: buffers not aligned to {a.alignments} (in, out, scratch)")
+    per_call = max(1, min(per_call, n))
+    if encode_scratch_size(algorithm, per_call, largest) > scratch_bytes:
+        raise ValueError(f"nvCOMP {algorithm} encode: {scratch_bytes} bytes of scratch are too few for "
+                         f"{per_call} chunks of {largest} bytes a call")
     tables = pinned_staging(3 * n * 8).view(np.uint64).reshape(3, n)  # in ptrs, in bytes, out ptrs
-    tables[0], tables[1], tables[2] = in_ptrs, nbytes, out_ptrs
+    tables[0], tables[1], tables[2] = in_ptrs, in_sizes, out_ptrs
     try:
         with stream:
             dev_tables = cupy.empty((3, n), dtype=cupy.uint64)
             dev_tables.set(tables, stream=stream)
             results = cupy.empty(2 * n, dtype=cupy.uint64)  # compressed sizes, then the int32 statuses
-            temp_bytes = ctypes.c_size_t(0)
-            _check(a.temp_size(n, nbytes, a.opts, ctypes.byref(temp_bytes), n * nbytes, stream.ptr),
-                   f"nvcompBatched{algorithm}CompressGetTempSize")
-            temp = cupy.empty(max(int(temp_bytes.value), 1), dtype=cupy.uint8)
-            if temp.data.ptr % a_temp:
-                raise NvcompCallError(f"nvCOMP {algorithm} encode: scratch not aligned to {a_temp}")
-            row = dev_tables.data.ptr
-            _check(a.compress(row, row + 8 * n, nbytes, n, temp.data.ptr, int(temp_bytes.value), row + 16 * n,
-                              results.data.ptr, a.opts, results.data.ptr + 8 * n, stream.ptr),
-                   f"nvcompBatched{algorithm}CompressAsync")
+            row, res = dev_tables.data.ptr, results.data.ptr
+            for lo in range(0, n, per_call):  # stream-ordered: each call's scratch is free when the next starts
+                k = min(per_call, n - lo)
+                _check(a.compress(row + 8 * lo, row + 8 * (n + lo), largest, k, scratch_ptr, scratch_bytes,
+                                  row + 8 * (2 * n + lo), res + 8 * lo, a.opts, res + 8 * n + 4 * lo, stream.ptr),
+                       f"nvcompBatched{algorithm}CompressAsync")
+            stream.synchronize()  # the GIL released while waiting
+            host = results.get(stream=stream)
     except BaseException:
         stream.synchronize()  # the pinned tables go back to their pool only when no copy reads them
         raise
-    return PendingEncode(algorithm, stream, n, (tables, dev_tables, temp, results))
-
-
-def finish_encode(p: PendingEncode) -> list[int]:
-    """Wait for a launched encode (the GIL released) and return the compressed sizes; raises on any failed chunk."""
-    p.stream.synchronize()
-    results = p.keep[3]
-    host = results.get(stream=p.stream)
-    p.keep = ()
-    n = p.n
     statuses = host[n:].view(np.int32)[:n]
     bad = np.flatnonzero(statuses)
     if bad.size:
         i = int(bad[0])
-        raise NvcompCallError(f"nvCOMP {p.algorithm} encode: {bad.size} of {n} chunks failed, the first (chunk {i}) "
+        raise NvcompCallError(f"nvCOMP {algorithm} encode: {bad.size} of {n} chunks failed, the first (chunk {i}) "
                               f"with {STATUS.get(int(statuses[i]), int(statuses[i]))}")
     return host[:n].astype(np.int64).tolist()
 

@@ -96,10 +96,13 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     process make at the same moment into one call (``True``), instead of one
     call per block (``False``, the default). An nvCOMP zstd call took about
     the same time for 56 frames as for 448 (H100: 11.0 against 13.5 ms), and
-    calls from several threads ran one after another, so small blocks leave
-    the GPU mostly idle (see :mod:`gpuzarr_dist.codecs.combine`). A joined
-    call that fails is made again block by block, so errors still name the
-    block's chunks. Off until measured on a GPU.
+    the Python ``decode`` calls of several threads ran one after another
+    (they hold the GIL), so joining them helped (H200, 16 threads x 56
+    frames: 33.0 GB/s against 11.7). With the C functions (``nvcomp-api``
+    ``c``, the default) threads' calls overlap, and joining them is slower
+    (55.3 against 72.8 GB/s); ``bench read`` and ``bench shards`` were no
+    faster with it either way. A joined call that fails is made again block
+    by block, so errors still name the block's chunks.
 ``gpuzarr.gpu.nvcomp-api``
     With ``device="gpu"``, which of nvCOMP's interfaces decodes: ``c`` (the
     default) calls its batched C functions through ctypes

@@ -19,9 +19,14 @@ cubed's projection fits ``allowed_mem`` and the workspace covers incompressible 
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
-task, minus those freed in it, at their highest). nvCOMP allocates its scratch
-itself, outside CuPy's pool, so that part is not in the measurement; it is
-what ``reserved_mem`` holds back. On the CPU the default is cubed's own
+task, minus those freed in it, at their highest). Through nvCOMP's C functions
+(``gpuzarr.gpu.nvcomp-api`` ``c``, the default) the decode scratch is taken
+from that pool, so it is in the measurement, and ``reserved_mem`` holds its
+room back. The encode scratch is the process's (one buffer per GPU and codec,
+``gpuzarr.gpu.encode-scratch``, shared by every task's writes; see
+``codecs.gpu_encode._encode_joined``), so a GPU holds threads x
+``allowed_mem`` plus that buffer. With ``nvcomp-api`` ``python`` nvCOMP
+allocates both itself, outside the pool and the measurement. On the CPU the default is cubed's own
 measure (the process's peak resident set, ``ru_maxrss``), or, with
 ``measure="tracemalloc"``, the peak of Python and numpy allocations during the
 task (exact per task when one task runs at a time).

@@ -269,3 +269,17 @@ def zarr_writer(tmp_path: Any):
         return path, reference(path)
 
     return write
+
+
+def slow_calls(mp: pytest.MonkeyPatch, module: Any, name: str, seconds: float = 0.02) -> None:
+    """``module.name`` sleeps before each call: other threads queue behind one call and join the next
+    (the tests of :mod:`gpuzarr_dist.codecs.combine`'s joined calls)."""
+    import time
+
+    real = getattr(module, name)
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    mp.setattr(module, name, slow)

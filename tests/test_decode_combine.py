@@ -18,7 +18,7 @@ import pytest
 import zarr.codecs as zc
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
+from conftest import assert_same, make_data, reference, slow_calls, write_array
 from gpuzarr_dist.codecs.combine import Combiner, Request
 from gpuzarr_dist.config import gpu_decode_combine
 
@@ -139,13 +139,7 @@ def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
     from gpuzarr_dist.codecs import combine, gpu
 
     expected = reference(zstd_array)
-    real = gpu._execute_joined
-
-    def slow(batch):  # a longer call: the other threads' blocks queue behind it and join the next one
-        time.sleep(0.02)
-        real(batch)
-
-    monkeypatch.setattr(gpu, "_execute_joined", slow)
+    slow_calls(monkeypatch, gpu, "_execute_joined")  # the other threads' blocks queue behind a call and join the next
     monkeypatch.setattr(combine, "_combiners", {})
     with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
                           "gpuzarr.gpu.nvcomp-api": api}):
@@ -167,7 +161,7 @@ def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, 
     from gpuzarr_dist.codecs import combine, gpu
 
     expected = reference(zstd_array)
-    real_decode, real_exec, joined = gpu._decode_frames, gpu._execute_joined, []
+    real_decode, joined = gpu._decode_frames, []
 
     def fails_when_joined(stream, parts):
         frames = sum(p.n for p in parts)
@@ -176,12 +170,8 @@ def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, 
             raise RuntimeError("stand-in nvCOMP failure on a joined call")
         return real_decode(stream, parts)
 
-    def slow(batch):
-        time.sleep(0.02)
-        real_exec(batch)
-
     monkeypatch.setattr(gpu, "_decode_frames", fails_when_joined)
-    monkeypatch.setattr(gpu, "_execute_joined", slow)
+    slow_calls(monkeypatch, gpu, "_execute_joined")
     monkeypatch.setattr(combine, "_combiners", {})
     with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
                           "gpuzarr.gpu.nvcomp-api": api}):

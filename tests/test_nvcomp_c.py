@@ -17,7 +17,7 @@ import pytest
 import zarr.codecs as zc
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
+from conftest import assert_same, make_data, reference, slow_calls, write_array
 from gpuzarr_dist.codecs import nvcomp_c
 from gpuzarr_dist.config import encode_scratch_bytes, nvcomp_api
 
@@ -201,15 +201,7 @@ def test_threads_writes_join_in_the_process_scratch(tmp_path, monkeypatch):
 
     from gpuzarr_dist.codecs import combine, gpu_encode
 
-    real = gpu_encode._execute_encodes
-
-    def slow(batch):  # a longer call: the other threads' blocks queue behind it and join the next one
-        import time
-
-        time.sleep(0.02)
-        real(batch)
-
-    monkeypatch.setattr(gpu_encode, "_execute_encodes", slow)
+    slow_calls(monkeypatch, gpu_encode, "_execute_encodes")
     monkeypatch.setattr(combine, "_combiners", {})
     data = make_data("float32", (128, 50, 60), seed=12, specials=False)
     x = da.from_array(data, chunks=(8, 50, 60)).map_blocks(cupy.asarray)

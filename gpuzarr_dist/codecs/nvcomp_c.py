@@ -235,13 +235,7 @@ def encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     except BaseException:
         stream.synchronize()  # the pinned tables go back to their pool only when no copy reads them
         raise
-    statuses = host[n:].view(np.int32)[:n]
-    bad = np.flatnonzero(statuses)
-    if bad.size:
-        i = int(bad[0])
-        raise NvcompCallError(f"nvCOMP {algorithm} encode: {bad.size} of {n} chunks failed, the first (chunk {i}) "
-                              f"with {STATUS.get(int(statuses[i]), int(statuses[i]))}")
-    return host[:n].astype(np.int64).tolist()
+    return _sizes(host, n, f"nvCOMP {algorithm} encode", "chunk")
 
 
 _unavailable: list[str] = []
@@ -260,6 +254,17 @@ def available() -> bool:
 def why_unavailable() -> str | None:
     """Why the C functions did not load, or ``None`` when they did (or were not tried)."""
     return _unavailable[0] if _unavailable else None
+
+
+def _sizes(host: np.ndarray, n: int, what: str, unit: str) -> list[int]:
+    """The sizes of a call's results (``n`` uint64 sizes, then ``n`` int32 statuses); raises on any failure."""
+    statuses = host[n:].view(np.int32)[:n]
+    bad = np.flatnonzero(statuses)
+    if bad.size:
+        i = int(bad[0])
+        raise NvcompCallError(f"{what}: {bad.size} of {n} {unit}s failed, the first ({unit} {i}) "
+                              f"with {STATUS.get(int(statuses[i]), int(statuses[i]))}")
+    return host[:n].astype(np.int64).tolist()
 
 
 def _check(status: int, what: str) -> None:
@@ -322,10 +327,4 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     except BaseException:
         stream.synchronize()  # the pinned tables go back to their pool only when no copy reads them
         raise
-    statuses = host[n:].view(np.int32)[:n]
-    bad = np.flatnonzero(statuses)
-    if bad.size:
-        i = int(bad[0])
-        raise NvcompCallError(f"nvCOMP {algorithm} decode: {bad.size} of {n} frames failed, the first (frame {i}) "
-                              f"with {STATUS.get(int(statuses[i]), int(statuses[i]))}")
-    return host[:n].astype(np.int64).tolist()
+    return _sizes(host, n, f"nvCOMP {algorithm} decode", "frame")

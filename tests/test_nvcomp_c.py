@@ -38,6 +38,17 @@ def test_encode_scratch_setting():
         encode_scratch_bytes()
 
 
+def test_chunks_per_call_from_the_fixed_and_per_chunk_scratch(monkeypatch):
+    """nvCOMP's zstd encode scratch is a fixed part plus a part per chunk (H200: 1.13 GB + 5.6 MB per 4.17 MB
+    chunk): as many chunks a call as the limit holds beyond the fixed part, at least one."""
+    monkeypatch.setattr(nvcomp_c, "encode_scratch_size", lambda algorithm, n, nbytes: 1000 + 10 * n)
+    assert nvcomp_c.chunks_per_call("Zstd", 4, 1100) == 10
+    assert nvcomp_c.chunks_per_call("Zstd", 4, 1109) == 10
+    assert nvcomp_c.chunks_per_call("Zstd", 4, 1005) == 1  # below even one chunk's scratch: one a call
+    monkeypatch.setattr(nvcomp_c, "encode_scratch_size", lambda algorithm, n, nbytes: 37 * n)  # deflate: no fixed part
+    assert nvcomp_c.chunks_per_call("Deflate", 4, 370) == 10
+
+
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="Snappy"):
         nvcomp_c.api("Snappy")

@@ -309,6 +309,9 @@ def launch_encode_gpu(
 
     The host can do other work (write the previous sub-batch) while nvCOMP
     runs; :func:`finish_encode_gpu` waits and returns the stored bytes.
+    Through nvCOMP's C functions (the default) the encode is done when this
+    returns, joined with other threads' (:func:`_encode_joined`); only the
+    packing and the copy back are left to :func:`finish_encode_gpu`.
     """
     from ..runtime.cuda import align, pinned_staging
 

@@ -66,6 +66,19 @@ def test_without_libnvcomp_it_says_why(monkeypatch):
     assert nvcomp_c.available() is False  # tried once
 
 
+def test_another_nvcomp_major_version_is_not_bound(monkeypatch):
+    """The ctypes argument lists follow nvCOMP 6's headers: another major version keeps the Python ``Codec``."""
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "nvidia.nvcomp", types.SimpleNamespace(__version__="7.1.0"))
+    monkeypatch.setattr(nvcomp_c, "_lib", [])
+    monkeypatch.setattr(nvcomp_c, "_apis", {})
+    monkeypatch.setattr(nvcomp_c, "_unavailable", [])
+    assert nvcomp_c.available() is False
+    assert "7.1.0" in nvcomp_c.why_unavailable() and "nvCOMP 6" in nvcomp_c.why_unavailable()
+
+
 def _frames(seed: int, n: int, shape=(16, 96, 80)) -> tuple[list[np.ndarray], list[bytes]]:
     import numcodecs
 

@@ -119,9 +119,19 @@ _encode_apis: dict[str, _EncodeApi] = {}
 _lib: list[ctypes.CDLL] = []
 
 
+#: the nvCOMP major version whose C headers these bindings follow (argument lists change between majors)
+ABI_MAJOR = "6"
+
+
 def _library() -> ctypes.CDLL:
-    """The libnvcomp nvCOMP's Python package uses (loaded once)."""
+    """The libnvcomp nvCOMP's Python package uses (loaded once); OSError for another major version than
+    :data:`ABI_MAJOR`, whose functions may take other arguments (the Python ``Codec`` is used then)."""
     if not _lib:
+        import importlib
+
+        version = str(getattr(importlib.import_module("nvidia.nvcomp"), "__version__", "unknown"))
+        if version.split(".")[0] != ABI_MAJOR:
+            raise OSError(f"nvCOMP {version}: the C bindings follow nvCOMP {ABI_MAJOR}'s headers")
         lib = None
         try:
             import nvidia.libnvcomp as wheel
@@ -246,7 +256,7 @@ def available() -> bool:
     if not _apis and not _unavailable:
         try:
             api("Zstd")
-        except (OSError, AttributeError, NvcompCallError) as e:
+        except (OSError, ImportError, AttributeError, NvcompCallError) as e:
             _unavailable.append(f"{type(e).__name__}: {e}")
     return not _unavailable
 

@@ -572,9 +572,9 @@ def _decode_frames(stream: cupy.cuda.Stream, parts: list[_Frames]) -> list[int]:
     ``c`` (the default) when the buffers meet its alignment, otherwise
     through its Python ``Codec.decode``.
     """
-    algorithm = parts[0].algorithm
     from . import nvcomp_c
 
+    algorithm = parts[0].algorithm
     if nvcomp_api() == "c" and nvcomp_c.available():
         in_ptrs = [p.dev.data.ptr + o for p in parts for o in p.in_offs]
         out_ptrs = [p.out.data.ptr + i * p.stride for p in parts for i in range(p.n)]

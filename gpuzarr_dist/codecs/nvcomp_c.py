@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -143,26 +143,25 @@ def _library() -> ctypes.CDLL:
     return _lib[0]
 
 
+def _bound(table: dict, make: type, algorithm: str, known: Any, what: str) -> Any:
+    """``make(lib, algorithm)`` once per algorithm, kept in ``table``; ValueError for one not in ``known``."""
+    if algorithm not in known:
+        raise ValueError(f"nvCOMP C {what}: unknown algorithm {algorithm!r} (one of {', '.join(known)})")
+    with _lock:
+        a = table.get(algorithm)
+        if a is None:
+            a = table[algorithm] = make(_library(), algorithm)
+    return a
+
+
 def api(algorithm: str) -> _Api:
     """The decode functions of ``algorithm`` (one of :data:`ALGORITHMS`); raises OSError without libnvcomp."""
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"nvCOMP C decode: unknown algorithm {algorithm!r} (one of {', '.join(ALGORITHMS)})")
-    with _lock:
-        a = _apis.get(algorithm)
-        if a is None:
-            a = _apis[algorithm] = _Api(_library(), algorithm)
-    return a
+    return _bound(_apis, _Api, algorithm, ALGORITHMS, "decode")
 
 
 def encode_api(algorithm: str) -> _EncodeApi:
     """The encode functions of ``algorithm`` (``Zstd`` or ``Deflate``); raises OSError without libnvcomp."""
-    if algorithm not in _COMPRESS_FIRST:
-        raise ValueError(f"nvCOMP C encode: unknown algorithm {algorithm!r} (one of {', '.join(_COMPRESS_FIRST)})")
-    with _lock:
-        a = _encode_apis.get(algorithm)
-        if a is None:
-            a = _encode_apis[algorithm] = _EncodeApi(_library(), algorithm)
-    return a
+    return _bound(_encode_apis, _EncodeApi, algorithm, _COMPRESS_FIRST, "encode")
 
 
 def max_compressed_size(algorithm: str, nbytes: int) -> int:

@@ -49,6 +49,18 @@ def test_chunks_per_call_from_the_fixed_and_per_chunk_scratch(monkeypatch):
     assert nvcomp_c.chunks_per_call("Deflate", 4, 370) == 10
 
 
+def test_decode_tables_rows_are_the_call_arguments_in_order():
+    """The tables a batch copies up ahead of its chunks (``gpu._small_tables``) hold rows in the order
+    ``decode`` hands them to ``nvcompBatched<Algorithm>DecompressAsync``: input pointers, input bytes,
+    output slot bytes, output pointers; written into a slice of a larger int64 table too."""
+    ins, sizes, outs, slots = [1 << 40, (1 << 40) + 4096], [100, 200], [1 << 41, (1 << 41) + 8192], [8192, 8192]
+    t = nvcomp_c.decode_tables(ins, sizes, outs, slots)
+    assert t.dtype == np.uint64 and t.tolist() == [ins, sizes, slots, outs]
+    host = np.zeros((6, 2), dtype=np.int64)
+    nvcomp_c.decode_tables(ins, sizes, outs, slots, host[2:].view(np.uint64))
+    assert host[2:].tolist() == [ins, sizes, slots, outs] and not host[:2].any()
+
+
 def test_unknown_algorithm_is_named():
     with pytest.raises(ValueError, match="Snappy"):
         nvcomp_c.api("Snappy")

@@ -287,8 +287,17 @@ def aligned(algorithm: str, in_ptrs: Sequence[int], out_ptrs: Sequence[int]) -> 
     return all(p % a_in == 0 for p in in_ptrs) and all(p % a_out == 0 for p in out_ptrs)
 
 
+def decode_tables(in_ptrs: Sequence[int], in_sizes: Sequence[int], out_ptrs: Sequence[int],
+                  out_sizes: Sequence[int], into: np.ndarray | None = None) -> np.ndarray:
+    """The pointer and size tables of a decode call, ``(4, n)`` uint64 (in ``into`` when given): for
+    :func:`decode`'s ``dev_tables``, copied up by the caller with other small tables in one copy."""
+    t = np.empty((4, len(in_ptrs)), dtype=np.uint64) if into is None else into
+    t[0], t[1], t[2], t[3] = in_ptrs, in_sizes, out_sizes, out_ptrs
+    return t
+
+
 def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_sizes: Sequence[int],
-           out_ptrs: Sequence[int], out_sizes: Sequence[int]) -> list[int]:
+           out_ptrs: Sequence[int], out_sizes: Sequence[int], dev_tables: cupy.ndarray | None = None) -> list[int]:
     """Decode ``len(in_ptrs)`` frames into the slots at ``out_ptrs`` on ``stream``; their decoded sizes.
 
     The addresses are device pointers into buffers the caller keeps alive
@@ -302,6 +311,11 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     thread then waits for ``stream`` with the GIL released. Raises
     :class:`NvcompCallError` if nvCOMP refuses the call or reports any frame
     it could not decode (the caller then judges the frames on the CPU).
+
+    ``dev_tables``: :func:`decode_tables` of these arguments already queued
+    for the device on ``stream``. A batch's reader copies them up before the
+    batch's chunks: copied here, after the walk, a few hundred bytes wait on
+    the copy engine behind every other thread's chunks queued meanwhile.
     """
     import cupy
 
@@ -313,13 +327,14 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
         return []
     if not aligned(algorithm, in_ptrs, out_ptrs):
         raise NvcompCallError(f"nvCOMP {algorithm} decode: buffers not aligned to {a.alignments[:2]} (input, output)")
-    tables = pinned_staging(4 * n * 8).view(np.uint64).reshape(4, n)  # in ptrs, in bytes, out sizes, out ptrs
-    tables[0], tables[1], tables[2], tables[3] = in_ptrs, in_sizes, out_sizes, out_ptrs
-    largest, total = int(tables[2].max()), int(tables[2].sum())
+    largest, total = int(max(out_sizes)), int(sum(out_sizes))
     try:
         with stream:
-            dev_tables = cupy.empty((4, n), dtype=cupy.uint64)
-            dev_tables.set(tables, stream=stream)
+            if dev_tables is None:
+                tables = decode_tables(in_ptrs, in_sizes, out_ptrs, out_sizes,
+                                       pinned_staging(4 * n * 8).view(np.uint64).reshape(4, n))
+                dev_tables = cupy.empty((4, n), dtype=cupy.uint64)
+                dev_tables.set(tables, stream=stream)
             results = cupy.empty(2 * n, dtype=cupy.uint64)  # decoded sizes, then the int32 statuses
             temp_bytes = ctypes.c_size_t(0)
             _check(a.temp_size(n, largest, _DecompressOpts(), ctypes.byref(temp_bytes), total, stream.ptr),

@@ -41,13 +41,18 @@ ZSTD_DEEP_REASONS: dict[int, str] = {
 ZSTD_SLOT_BYTES = 232
 
 #: threads per CUDA block of the block walk's sequences (``zstd_blocks``), and how many of them keep their
-#: tables in shared memory (about 10.4 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory
-ZSTD_BLOCK_THREADS = 1
-ZSTD_LANE_SHARED = 1
+#: tables in shared memory (about 10.4 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory.
+#: One thread a CUDA block with its tables in shared memory walks one batch as fast, but sixteen threads'
+#: batches at once (copy, walk and nvCOMP, 112 / 225 chunks of 4.15 MB, H200, session 16) ran at 28.2 / 30.1
+#: GB/s against 30.0-30.1 / 32.6-32.8 with 128 threads a CUDA block and the tables in local memory
+#: (``tools/gpu_probe_decode_stage.py --kernel``): fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
+ZSTD_BLOCK_THREADS = 128
+ZSTD_LANE_SHARED = 0
 
 #: blocks of a frame per CUDA block of the literals walk (``zstd_literals``, the source's ``GZ_LIT_SLOTS``):
 #: four threads each, one per Huffman stream, sharing the block's 4 KiB decoding table in shared memory
-ZSTD_LIT_SLOTS = 8
+#: (4: 16 KiB of shared memory a CUDA block, measured with the shape above)
+ZSTD_LIT_SLOTS = 4
 
 
 def zstd_block_slots(expected: int) -> int:

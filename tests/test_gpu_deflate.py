@@ -109,8 +109,8 @@ def test_truncated_and_overwritten_deflate_is_named_and_never_reaches_nvcomp(tmp
     for i, b in damage.items():
         pathlib.Path(path, f"{i}.0.0").write_bytes(b)
     calls = []
-    real = gpu._decode_frames  # every nvCOMP decode call, through either interface
-    monkeypatch.setattr(gpu, "_decode_frames", lambda *a: calls.append(a) or real(*a))
+    real = gpu._decode_ptrs  # every nvCOMP decode call, through either interface
+    monkeypatch.setattr(gpu, "_decode_ptrs", lambda *a: calls.append(a) or real(*a))
     with pytest.raises(gz.ChunkDecodeError) as info:
         gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute()
     assert info.value.key in {f"{i}.0.0" for i in damage}

@@ -172,8 +172,8 @@ def main() -> int:
             bad_chunks[j] = b
             h2, o2, s2, _ = _staged(bad_chunks, framing_lead(pipe))
             calls = []
-            real = gpu._nvcomp_codec
-            gpu._nvcomp_codec = lambda *a: calls.append(a) or real(*a)
+            real = gpu._decode_ptrs  # every nvCOMP decode call, through either interface
+            gpu._decode_ptrs = lambda *a: calls.append(a) or real(*a)
             try:
                 decode_batch_gpu(pipe, h2, o2, s2, keys, stream)
                 stream.synchronize()
@@ -186,7 +186,7 @@ def main() -> int:
                 if not (codec == "zlib" and j == adler_only) and calls:
                     fail(f"{codec}: damaged chunk {j} reached nvCOMP")
             finally:
-                gpu._nvcomp_codec = real
+                gpu._decode_ptrs = real
     # the device build agrees with the host build on small damaged streams (the fuzz's hang class)
     from deflate_walk_host import HostKernels
 

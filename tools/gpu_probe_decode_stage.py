@@ -12,7 +12,9 @@ parts the same way:
 - ``stage``: ``decode_batch_gpu`` as the reader calls it, per ``zstd-check``;
 - ``copy``: the copy up alone;
 - ``walk``: copy up + the zstd walk and its verdicts (``_zstd_frames``);
-- ``nvcomp``: nvCOMP alone on frames already on the device (``_decode_frames``).
+- ``nvcomp``: nvCOMP alone on frames already on the device (``_decode_frames``);
+- ``kernels`` (one thread, ``--kernels``): each kernel of the walk and the
+  nvCOMP call timed with CUDA events on the thread's stream, ms per call.
 
 GB/s are of decoded bytes (the block's size times calls), in all threads.
 
@@ -27,6 +29,54 @@ from concurrent.futures import ThreadPoolExecutor
 
 import dask
 import numpy as np
+
+
+def timed_kernels(gpu, once, calls: int) -> None:
+    """Time each kernel ``gpu._kernel`` hands out, and ``_decode_frames``, with events on the current stream."""
+    import cupy
+
+    spans: dict[str, list] = {}
+    real_kernel, real_frames = gpu._kernel, gpu._decode_frames
+
+    def event_pair(name):
+        s, e = cupy.cuda.Event(), cupy.cuda.Event()
+        spans.setdefault(name, []).append((s, e))
+        return s, e
+
+    class Timed:
+        def __init__(self, name, k):
+            self.name, self.k = name, k
+
+        def __call__(self, *args, **kwargs):
+            s, e = event_pair(self.name)
+            s.record()
+            self.k(*args, **kwargs)
+            e.record()
+
+    def kernel(name, src, options=()):
+        return Timed(name, real_kernel(name, src, options))
+
+    def frames(stream, parts):
+        s, e = event_pair("nvCOMP (call to sizes)")
+        s.record(stream)
+        out = real_frames(stream, parts)
+        e.record(stream)
+        return out
+
+    gpu._kernel, gpu._decode_frames = kernel, frames
+    try:
+        once()
+        spans.clear()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            once()
+        el = (time.perf_counter() - t0) / calls
+    finally:
+        gpu._kernel, gpu._decode_frames = real_kernel, real_frames
+    cupy.cuda.get_current_stream().synchronize()
+    print(f"  kernels, one thread: {el * 1e3:.1f} ms per stage call; " + ", ".join(
+        f"{name} {np.mean([cupy.cuda.get_elapsed_time(s, e) for s, e in pairs]):.2f}" for name, pairs in spans.items())
+        + " ms per call", flush=True)
 
 
 def main() -> int:
@@ -45,6 +95,7 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=6, help="calls per thread")
     p.add_argument("--checks", default="literals,sequences,headers")
     p.add_argument("--parts", default="stage,copy,walk,nvcomp")
+    p.add_argument("--kernels", action="store_true", help="also time each walk kernel and nvCOMP (one thread)")
     p.add_argument("--kernel", action="append", default=[],
                    help="BLOCK_THREADS,LANE_SHARED,LIT_SLOTS of the zstd walk (kernels.ZSTD_*) for another run (repeatable)")
     a = p.parse_args()
@@ -113,6 +164,9 @@ def main() -> int:
                         el = time.perf_counter() - t0
                     line += f" | {threads:2d} thr {threads * a.calls * block / el / 1e9:6.2f} GB/s {el / a.calls * 1e3:6.1f} ms/call"
             print(line, flush=True)
+        kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = defaults
+        if a.kernels:
+            timed_kernels(gpu, lambda: call("stage"), a.calls)
         local.__dict__.clear()
         cupy.get_default_memory_pool().free_all_blocks()
     return 0

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import cupy
@@ -614,32 +614,58 @@ def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, 
 
 
 def _decode_frames(stream: cupy.cuda.Stream, parts: list[_Frames]) -> list[int]:
-    """One nvCOMP call for the frames of ``parts`` (one algorithm) on ``stream``, waited for; their decoded sizes.
+    """One nvCOMP call for the frames of ``parts`` (one algorithm) on ``stream``, waited for; their decoded sizes
+    (see :func:`decode_spans`)."""
+    in_ptrs = [p.dev.data.ptr + o for p in parts for o in p.in_offs]
+    out_ptrs = [p.out.data.ptr + i * p.stride for p in parts for i in range(p.n)]
+
+    def arrays() -> tuple[Any, Any]:
+        from nvidia import nvcomp
+
+        if len(parts) == 1:
+            p = parts[0]
+            return (nvcomp.as_arrays(p.dev, p.in_offs, p.in_sizes),
+                    nvcomp.as_arrays(p.out, [i * p.stride for i in range(p.n)], [p.stride] * p.n))
+        # several buffers: a BatchArray from views of each (the batch overloads take nothing else)
+        return (nvcomp.as_arrays([p.dev[o : o + s] for p in parts for o, s in zip(p.in_offs, p.in_sizes)]),
+                nvcomp.as_arrays([p.out[i * p.stride : (i + 1) * p.stride] for p in parts for i in range(p.n)]))
+
+    return _decode_ptrs(parts[0].algorithm, stream, in_ptrs, [s for p in parts for s in p.in_sizes], out_ptrs,
+                        [p.stride for p in parts for _ in range(p.n)], arrays,
+                        parts[0].tables if len(parts) == 1 else None)
+
+
+def decode_spans(algorithm: str, stream: cupy.cuda.Stream, src: cupy.ndarray, in_offs: Sequence[int],
+                 in_sizes: Sequence[int], dst: cupy.ndarray, out_offs: Sequence[int], out_sizes: Sequence[int]) -> list[int]:
+    """One nvCOMP call decoding the spans of ``src`` at ``in_offs`` into the slots of ``dst`` at ``out_offs``
+    (``out_sizes`` bytes each) on ``stream``, waited for; their decoded sizes (Blosc's gathered streams).
+
+    See :func:`_decode_ptrs`: nvCOMP's C function where it applies, its Python ``Codec`` otherwise.
+    """
+    from nvidia import nvcomp
+
+    return _decode_ptrs(algorithm, stream, [src.data.ptr + o for o in in_offs], in_sizes,
+                        [dst.data.ptr + o for o in out_offs], out_sizes,
+                        lambda: (nvcomp.as_arrays(src, list(in_offs), list(in_sizes)),
+                                 nvcomp.as_arrays(dst, list(out_offs), list(out_sizes))))
+
+
+def _decode_ptrs(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int], in_sizes: Sequence[int],
+                 out_ptrs: list[int], out_sizes: Sequence[int], arrays: Callable[[], tuple[Any, Any]],
+                 tables: cupy.ndarray | None = None) -> list[int]:
+    """Decode frames at device addresses on ``stream`` and wait; their decoded sizes.
 
     Through nvCOMP's C API (:mod:`.nvcomp_c`: the GIL released, nothing
     waited for until the sizes are needed) under ``gpuzarr.gpu.nvcomp-api``
-    ``c`` (the default) when the buffers meet its alignment, otherwise
-    through its Python ``Codec.decode``.
+    ``c`` (the default) when the addresses meet its alignment, otherwise
+    through its Python ``Codec.decode`` on the ``(inputs, outputs)`` that
+    ``arrays()`` makes. ``tables``: the C call's tables already on the device.
     """
     from . import nvcomp_c
 
-    algorithm = parts[0].algorithm
-    if nvcomp_api() == "c" and nvcomp_c.available():
-        in_ptrs = [p.dev.data.ptr + o for p in parts for o in p.in_offs]
-        out_ptrs = [p.out.data.ptr + i * p.stride for p in parts for i in range(p.n)]
-        if nvcomp_c.aligned(algorithm, in_ptrs, out_ptrs):
-            return nvcomp_c.decode(algorithm, stream, in_ptrs, [s for p in parts for s in p.in_sizes], out_ptrs,
-                                   [p.stride for p in parts for _ in range(p.n)],
-                                   parts[0].tables if len(parts) == 1 else None)
-    from nvidia import nvcomp
-
-    if len(parts) == 1:
-        p = parts[0]
-        ins = nvcomp.as_arrays(p.dev, p.in_offs, p.in_sizes)
-        outs = nvcomp.as_arrays(p.out, [i * p.stride for i in range(p.n)], [p.stride] * p.n)
-    else:  # several buffers: a BatchArray from views of each (the batch overloads take nothing else)
-        ins = nvcomp.as_arrays([p.dev[o : o + s] for p in parts for o, s in zip(p.in_offs, p.in_sizes)])
-        outs = nvcomp.as_arrays([p.out[i * p.stride : (i + 1) * p.stride] for p in parts for i in range(p.n)])
+    if nvcomp_api() == "c" and nvcomp_c.available() and nvcomp_c.aligned(algorithm, in_ptrs, out_ptrs):
+        return nvcomp_c.decode(algorithm, stream, in_ptrs, in_sizes, out_ptrs, out_sizes, tables)
+    ins, outs = arrays()
     res = _nvcomp_codec(algorithm, stream).decode(ins, out=outs)
     stream.synchronize()  # wait here, where CuPy releases the GIL (reading sizes waits holding it)
     return list(res.buffer_sizes)

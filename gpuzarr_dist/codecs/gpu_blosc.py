@@ -35,7 +35,7 @@ import numpy as np
 from . import blosc_frames as bf
 from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
 from .deflate_walk import DEFLATE_ZLIB
-from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _nvcomp_codec, _zstd_frames
+from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _zstd_frames, decode_spans
 from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
 from ..config import deflate_check
@@ -79,8 +79,6 @@ def decode_blosc_batch(
     cannot take or bound). Raises :class:`ChunkDecodeError` naming the chunk
     for malformed frames.
     """
-    from nvidia import nvcomp
-
     array = pipeline.array
     timed = stage_timer()  # sub-stages of "decode: blosc" (opt-in, see ..stages); GPU ones synchronise only then
 
@@ -119,7 +117,7 @@ def decode_blosc_batch(
         if comp.size:
             _kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
             mark("blosc: gather")
-            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream, nvcomp,
+            if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream,
                                    mark):
                 stream.synchronize()
                 return None
@@ -135,7 +133,7 @@ def decode_blosc_batch(
 
 def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placement, comp: np.ndarray,
                     work: cupy.ndarray, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
-                    keys: Sequence[str], stream: cupy.cuda.Stream, nvcomp, mark) -> bool:
+                    keys: Sequence[str], stream: cupy.cuda.Stream, mark) -> bool:
     """Check, then decode the gathered streams: one batched nvCOMP call per inner codec.
 
     Returns ``False`` where the batch must go to the CPU (a zstd stream that
@@ -196,12 +194,8 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
         out_offs = pl.decode_at[pieces].tolist()
         out_caps = [int(bf._align(d)) for d in dsize.tolist()]
         try:
-            res = _nvcomp_codec(algorithm, stream).decode(
-                nvcomp.as_arrays(work, in_offs, in_lens),
-                out=nvcomp.as_arrays(work, out_offs, out_caps),
-            )
-            stream.synchronize()  # wait here, where CuPy releases the GIL
-            actual = np.asarray(list(res.buffer_sizes), dtype=np.int64)
+            actual = np.asarray(decode_spans(algorithm, stream, work, in_offs, in_lens, work, out_offs, out_caps),
+                                dtype=np.int64)
         except (RuntimeError, ValueError, MemoryError) as e:
             raise diagnose(np.arange(sel.size), f"nvCOMP: {e}") from e
         mark(f"blosc: {name} nvCOMP")

@@ -55,6 +55,7 @@ _STATE: dict = {"current": None, "stack": []}
 class FakeDev:
     def __init__(self, a: np.ndarray, log: list):
         self.a, self.log = a, log
+        self.data = types.SimpleNamespace(ptr=1 << 40)  # a device address, for pointer tables
 
     def set(self, host, stream=None):
         self.log.append(("upload", stream.name, _STATE["current"].name))
@@ -74,7 +75,7 @@ def gpu(monkeypatch):
     fake = types.ModuleType("cupy")
     fake.uint8, fake.int64, fake.int32, fake.uint32 = np.uint8, np.int64, np.int32, np.uint32
     fake.empty = lambda n, dtype=np.uint8: FakeDev(np.empty(n, dtype=dtype), log)
-    fake.asarray = lambda x: FakeDev(np.asarray(x), log)
+    fake.asarray = lambda x: log.append(("tables", _STATE["current"].name)) or FakeDev(np.asarray(x), log)
     fake.cuda = types.SimpleNamespace(Stream=FakeStream, get_current_stream=lambda: _STATE["current"])
     fake.RawKernel = lambda src, name: None
     monkeypatch.setitem(sys.modules, "cupy", fake)
@@ -114,7 +115,7 @@ def test_an_error_after_the_upload_waits_for_the_stream_and_the_walk_runs_on_the
     mod, log, stream = gpu
     from gpuzarr_dist.errors import ChunkDecodeError
 
-    def walk(array, dev, offsets, sizes, keys, expected):
+    def walk(array, dev, offsets, sizes, keys, expected, dev_table=None):
         log.append(("walk", _STATE["current"].name))
         raise ChunkDecodeError(array, keys[2], "zstd frame states 1 decoded bytes, expected 2", "zstd")
 
@@ -122,7 +123,10 @@ def test_an_error_after_the_upload_waits_for_the_stream_and_the_walk_runs_on_the
     pipe, host, offsets, sizes, keys = _batch("zstd", _good("zstd"))
     with pytest.raises(ChunkDecodeError, match="c/2/0"):
         mod.decode_batch_gpu(pipe, host, offsets, sizes, keys, stream)
-    assert log == [("upload", "batch stream", "batch stream"), ("walk", "batch stream"), ("sync", "batch stream")]
+    # the small tables go up first, then the chunks, on the batch's stream (tables after the chunks would wait
+    # on the copy engine behind other threads' chunks)
+    assert log == [("tables", "batch stream"), ("upload", "batch stream", "batch stream"), ("walk", "batch stream"),
+                   ("sync", "batch stream")]
     assert _STATE["current"].name == "caller's current stream"  # restored after the batch
 
 

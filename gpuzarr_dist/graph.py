@@ -50,9 +50,12 @@ def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
     return tuple(min(b, max(n, 1)) for b, n in zip(block, spec.shape))
 
 
-def _block_chunks(spec: ArraySpec, chunks: Any, device: str) -> tuple[tuple[int, ...], ...]:
+def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool = False) -> tuple[tuple[int, ...], ...]:
     if chunks is None or (isinstance(chunks, str) and chunks == "auto"):
-        return normalize_chunks(auto_block_shape(spec, config.block_size_bytes(device)), spec.shape)
+        target, cap = config.block_size_bytes(device), config.remote_block_bytes() if object_store else 0
+        if cap:  # an object store: several blocks, so that each decodes while others' requests are in flight
+            target = min(target, cap)
+        return normalize_chunks(auto_block_shape(spec, target), spec.shape)
     if isinstance(chunks, str):  # e.g. "512 MiB": a block size to aim for, still chunk-aligned
         from dask.utils import parse_bytes
 
@@ -122,7 +125,7 @@ def from_zarr_gpu(
     store, spec = open_source(source, component, storage_options)
     reader = BlockReader(store, spec, dev)
     try:
-        block_chunks = _block_chunks(spec, chunks, dev)
+        block_chunks = _block_chunks(spec, chunks, dev, getattr(store, "object_store", False))
     except (MemoryError, OverflowError) as e:  # e.g. shape (2**62, 3) in chunks of 2: billions of blocks to list
         raise ValueError(
             f"{spec.name}: shape {spec.shape} in blocks of {spec.read_unit} chunks or more gives too many dask "

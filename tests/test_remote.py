@@ -161,6 +161,24 @@ def test_many_requests_in_flight_per_task(tree, http):
     assert faults.max_inflight >= 8
 
 
+@pytest.mark.parametrize("name", ["plain.zarr", "end.zarr"])
+def test_auto_blocks_over_an_object_store_are_capped(tree, http, name):
+    """``gpuzarr.remote.block-size`` caps ``chunks="auto"`` blocks of an array in an object store (several blocks
+    decode while others' requests are in flight), in whole chunks or shards; a local copy keeps the device's
+    block size, and ``0`` lifts the cap. Values as zarr-python reads them."""
+    root, expected = tree
+    unit = 2 * 16 * 16 * 4 if name == "plain.zarr" else 3 * 20 * 20 * 4  # a chunk of plain, a shard of end
+    with dask.config.set({"gpuzarr.remote.block-size": 2 * unit}):
+        x = gz.from_zarr_gpu(f"{http[0]}/{name}", device=dev())
+        local = gz.from_zarr_gpu(f"{root}/{name}", device=dev())
+        assert np.prod(x.numblocks) > 1
+        assert max(x.chunks[0]) * max(x.chunks[1]) * max(x.chunks[2]) * 4 <= 2 * unit  # the largest block's bytes
+        assert local.numblocks == (1, 1, 1)
+        assert_same(compute_checked(x), expected[name])
+    with dask.config.set({"gpuzarr.remote.block-size": 0}):
+        assert gz.from_zarr_gpu(f"{http[0]}/{name}", device=dev()).numblocks == (1, 1, 1)
+
+
 def test_aws_environment_variables_without_storage_options(tree, s3, monkeypatch):
     for k in list(os.environ):
         if k.startswith("AWS_"):

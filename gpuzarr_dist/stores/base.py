@@ -84,6 +84,10 @@ class ChunkStore(ABC):
     #: capped per process already (``gpuzarr.remote.concurrency``), and where one block may not fill them
     read_turns: bool = False
 
+    #: an object store (requests over a network, capped per process): ``chunks="auto"`` blocks are at most
+    #: ``gpuzarr.remote.block-size``, so that blocks decode while the process's other requests are in flight
+    object_store: bool = False
+
     def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each :class:`~.ranges.ByteRange`, ``None`` where the object is absent.
 

@@ -89,6 +89,7 @@ class ObjectChunkStore(ChunkStore):
 
     merge_gap_default = 1024 * 1024  # a request costs a round trip; 1 MiB of gap costs less
     whole_shards = True  # a shard needed whole: one GET, index included (see ShardedChunkStore.read_into)
+    object_store = True
 
     def __init__(self, url: str, array: str | None = None, storage_options: dict | None = None):
         p = urlparse(url)

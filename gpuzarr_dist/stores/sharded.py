@@ -129,6 +129,10 @@ class ShardedChunkStore(ChunkStore):
     def read_turns(self) -> bool:  # type: ignore[override]
         return self.base.read_turns
 
+    @property
+    def object_store(self) -> bool:  # type: ignore[override]
+        return self.base.object_store
+
     def _split(self, key: str) -> tuple[str, int]:
         shard, inner = key[:-1].split("[")
         pos = tuple(int(i) for i in inner.split(",")) if inner else ()

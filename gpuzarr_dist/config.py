@@ -76,7 +76,9 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     decode threads instead of by nvCOMP, and moved over in one copy; so is a
     decode of fewer than ``min-batch-chunks`` chunks (default 8). ``0`` turns
     either off. An nvCOMP zstd call costs 10-50 ms whatever its size, calls
-    from many threads run largely one after another, and nvCOMP decodes a
+    from many threads ran largely one after another through nvCOMP's Python
+    ``Codec`` (it holds the GIL; the figures below were measured with it, and
+    not since the C functions became the default), and nvCOMP decodes a
     chunk's bytes largely in sequence, so a few large chunks decode slowly.
     Measured with 16 threads calling at once, GB/s of zstd float32 data,
     nvCOMP against the CPU threads (16 cores): on one H200, encoding 1 x 4 MB

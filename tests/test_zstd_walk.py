@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import numcodecs
 import numpy as np
@@ -330,14 +331,21 @@ def test_block_walk_gives_the_one_thread_walks_verdicts(walk_exe, mode):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fork", [True, False], ids=["literals-beside", "literals-after"])
 @pytest.mark.parametrize("mode", [1, 2], ids=["sequences", "literals"])
-def test_device_block_walk_is_the_host_builds(walk_exe, mode):
-    """The decoder's zstd walk on the GPU (``_zstd_walk``: plan, blocks, combine) answers as the host build does."""
+def test_device_block_walk_is_the_host_builds(walk_exe, mode, fork, monkeypatch):
+    """The decoder's zstd walk on the GPU (``_zstd_walk``: plan, blocks, literals, combine) answers as the host
+    build does, with the literals walk on the thread's second stream or after the sequences walk, from eight
+    threads at once on their own streams (each thread's verdicts read back after its stream alone is synchronised)."""
     import cupy
 
+    from gpuzarr_dist.codecs import kernels
     from gpuzarr_dist.codecs.gpu import _zstd_walk
     from gpuzarr_dist.codecs.kernels import zstd_block_slots
+    from gpuzarr_dist.runtime.cuda import thread_stream
     from gpuzarr_dist.stores.base import staging_layout
+
+    monkeypatch.setattr(kernels, "ZSTD_WALK_FORK", fork)
 
     cases = _block_walk_cases(22, 1500)
     sizes = [len(f) for f in cases]
@@ -346,12 +354,22 @@ def test_device_block_walk_is_the_host_builds(walk_exe, mode):
     for f, o in zip(cases, offsets):
         host[o : o + len(f)] = np.frombuffer(f, dtype=np.uint8)
     n = len(cases)
-    found = cupy.empty(3 * n, dtype=cupy.int64)
-    _zstd_walk(cupy.asarray(host), cupy.asarray(np.asarray(offsets, np.int64)), cupy.asarray(np.asarray(sizes, np.int64)),
-               n, found[:n], found[n : 2 * n], found[2 * n :].view(cupy.int32), mode, 700_000)
-    got = found.get()
-    device = list(zip(got[:n].tolist(), got[n : 2 * n].tolist(), got[2 * n :].view(np.int32)[:n].tolist()))
-    assert device == run_walk(walk_exe, cases, mode, blocks=zstd_block_slots(700_000))
+
+    def walk(_: int) -> list:
+        stream = thread_stream()
+        with stream:
+            found = cupy.empty(3 * n, dtype=cupy.int64)
+            _zstd_walk(cupy.asarray(host), cupy.asarray(np.asarray(offsets, np.int64)),
+                       cupy.asarray(np.asarray(sizes, np.int64)), n, found[:n], found[n : 2 * n],
+                       found[2 * n :].view(cupy.int32), mode, 700_000)
+            stream.synchronize()
+            got = found.get(stream=stream)
+        return list(zip(got[:n].tolist(), got[n : 2 * n].tolist(), got[2 * n :].view(np.int32)[:n].tolist()))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(walk, range(16)))
+    expected = run_walk(walk_exe, cases, mode, blocks=zstd_block_slots(700_000))
+    assert all(r == expected for r in results)
 
 
 def _frame_with_compressed_block(rng: np.random.Generator) -> tuple[bytes, int, int]:

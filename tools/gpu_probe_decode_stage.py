@@ -13,6 +13,9 @@ parts the same way:
 - ``copy``: the copy up alone;
 - ``walk``: copy up + the zstd walk and its verdicts (``_zstd_frames``);
 - ``nvcomp``: nvCOMP alone on frames already on the device (``_decode_frames``);
+- ``walkdev``: the zstd walk alone, on frames already on the device;
+- ``walknv``: the walk, then nvCOMP, on frames already on the device (no copy);
+- ``copynv``: a copy up beside nvCOMP on frames already there (do they overlap?);
 - ``kernels`` (one thread, ``--kernels``): each kernel of the walk and the
   nvCOMP call timed with CUDA events on the thread's stream, ms per call.
 
@@ -23,6 +26,7 @@ GB/s are of decoded bytes (the block's size times calls), in all threads.
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -97,14 +101,22 @@ def main() -> int:
     p.add_argument("--parts", default="stage,copy,walk,nvcomp")
     p.add_argument("--kernels", action="store_true", help="also time each walk kernel and nvCOMP (one thread)")
     p.add_argument("--kernel", action="append", default=[],
-                   help="BLOCK_THREADS,LANE_SHARED,LIT_SLOTS of the zstd walk (kernels.ZSTD_*) for another run (repeatable)")
+                   help="BLOCK_THREADS,LANE_SHARED,LIT_SLOTS[,FORK] of the zstd walk (kernels.ZSTD_*) for another run (repeatable)")
+    p.add_argument("--switch-interval", metavar="MS", type=float, help="sys.setswitchinterval in ms (default: 5)")
     a = p.parse_args()
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval / 1e3)
     store, spec = open_source(a.path)
     pipeline = BlockReader(store, spec, "gpu").pipeline
     chunk_bytes = int(np.prod(spec.chunk_shape)) * spec.dtype.itemsize
     stride = align(chunk_bytes)
     local = threading.local()
-    defaults = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS
+    defaults = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS, kernels.ZSTD_WALK_FORK
+
+    def shape(values) -> None:
+        values = list(values) + list(defaults[len(values):])
+        kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = (int(v) for v in values[:3])
+        kernels.ZSTD_WALK_FORK = bool(int(values[3]))
     for n in [int(v) for v in a.chunks.split(",")]:
         keys = spec.chunk_keys(np.array([(t, 0, 0) for t in range(n)]))
         host, offsets, sizes = store.read_into(keys, pinned_staging, ALIGN, framing_lead(pipeline))
@@ -136,6 +148,20 @@ def main() -> int:
                 elif part == "copy":
                     dev = cupy.empty(total, dtype=cupy.uint8)
                     dev.set(host[:total], stream=s)
+                elif part == "copynv":  # a fresh copy up, then nvCOMP on the frames already there: do the two overlap?
+                    fresh = cupy.empty(total, dtype=cupy.uint8)
+                    fresh.set(host[:total], stream=s)
+                    dev, out = on_device()
+                    got = _decode_frames(s, [_Frames(algorithm, None, dev, in_offs, in_sizes, out, stride, n)])
+                    assert got == [chunk_bytes] * n, got[:3]
+                elif part == "walknv":  # the walk and nvCOMP on frames already on the device (no copy)
+                    dev, out = on_device()
+                    _zstd_frames(spec.name, dev, in_offs, in_sizes, keys, chunk_bytes)
+                    got = _decode_frames(s, [_Frames(algorithm, None, dev, in_offs, in_sizes, out, stride, n)])
+                    assert got == [chunk_bytes] * n, got[:3]
+                elif part == "walkdev":  # the walk alone, on frames already on the device
+                    dev, out = on_device()
+                    _zstd_frames(spec.name, dev, in_offs, in_sizes, keys, chunk_bytes)
                 elif part == "walk":
                     dev = cupy.empty(total, dtype=cupy.uint8)
                     dev.set(host[:total], stream=s)
@@ -147,13 +173,13 @@ def main() -> int:
             s.synchronize()
 
         runs = [(part, check, None) for part in a.parts.split(",")
-                for check in (a.checks.split(",") if part in ("stage", "walk") else [None])]
-        runs += [(part, "literals", k) for k in a.kernel for part in ("stage", "walk") if part in a.parts.split(",")]
+                for check in (a.checks.split(",") if part in ("stage", "walk", "walknv", "walkdev") else [None])]
+        runs += [(part, "literals", k) for k in a.kernel for part in ("stage", "walk", "walkdev", "walknv") if part in a.parts.split(",")]
         for part, check, kernel in runs:
             if kernel:
-                kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = (int(v) for v in kernel.split(","))
+                shape(kernel.split(","))
             else:
-                kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = defaults
+                shape(defaults)
             line = f"  {part:<7} {check or '':<10} {kernel or '':<8}"
             with dask.config.set({"gpuzarr.gpu.zstd-check": check or "literals"}):
                 for threads in [int(v) for v in a.threads.split(",")]:
@@ -164,7 +190,7 @@ def main() -> int:
                         el = time.perf_counter() - t0
                     line += f" | {threads:2d} thr {threads * a.calls * block / el / 1e9:6.2f} GB/s {el / a.calls * 1e3:6.1f} ms/call"
             print(line, flush=True)
-        kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS = defaults
+        shape(defaults)
         if a.kernels:
             timed_kernels(gpu, lambda: call("stage"), a.calls)
         local.__dict__.clear()

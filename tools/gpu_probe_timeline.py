@@ -13,6 +13,7 @@ config overrides (``--set gpuzarr.gpu.zstd-check=headers``).
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--serial-reads", choices=("off", "on", "both"), default="both")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE[,KEY=VALUE] dask config (repeatable)")
+    p.add_argument("--switch-interval", metavar="MS", type=float, action="append", default=[],
+                   help="sys.setswitchinterval in ms for another row (repeatable; default: Python's 5 ms)")
+    p.add_argument("--repeat", type=int, default=1, help="passes of every row, interleaved")
+    p.add_argument("--quiet", action="store_true", help="no per-block lines")
+    p.add_argument("--walk-fork", choices=("on", "off", "both"), default="on",
+                   help="the zstd literals walk beside the sequences walk (kernels.ZSTD_WALK_FORK), after it, or both")
     a = p.parse_args()
+    default_interval = sys.getswitchinterval()
     store, spec = open_source(a.path)
     nbytes = spec.dtype.itemsize
     for n in spec.shape:
@@ -64,31 +72,43 @@ def main() -> int:
     rg.decode_batch_gpu = decode
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.serial_reads]
     settings = [{}] + [dict(kv.split("=", 1) for kv in g.split(",")) for g in a.set]
-    for setting in settings:
-        for mode in modes:
-            with dask.config.set(setting, **{"gpuzarr.gpu.read-slots": 1 if mode else 0}):
-                r = BlockReader(store, spec, "gpu")
-                with ThreadPoolExecutor(a.threads) as pool:
-                    list(pool.map(lambda s: float(r[s].sum(axis=0, dtype="f8")[0, 0]), sels))  # warm (the same kernels: a compile holds the GIL)
-                    rows = []
+    from gpuzarr_dist.codecs import kernels
 
-                    def task(i_sel):
-                        i, sel = i_sel
-                        events.pop(threading.get_ident(), None)
-                        b = r[sel]
-                        float(b.sum(axis=0, dtype="f8")[0, 0])
-                        mark("end")
-                        rows.append((i, dict(events[threading.get_ident()])))
+    intervals = [None] + [ms / 1e3 for ms in a.switch_interval]
+    forks = {"on": [True], "off": [False], "both": [True, False]}[a.walk_fork]
+    for rep in range(a.repeat):
+        for setting in settings:
+            for interval, fork in [(i, f) for i in intervals for f in forks]:
+                kernels.ZSTD_WALK_FORK = fork
+                sys.setswitchinterval(default_interval if interval is None else interval)
+                for mode in modes:
+                    slots = {} if "gpuzarr.gpu.read-slots" in setting else {"gpuzarr.gpu.read-slots": 1 if mode else 0}
+                    with dask.config.set(setting, **slots):
+                        r = BlockReader(store, spec, "gpu")
+                        with ThreadPoolExecutor(a.threads) as pool:
+                            list(pool.map(lambda s: float(r[s].sum(axis=0, dtype="f8")[0, 0]), sels))  # warm (the same kernels: a compile holds the GIL)
+                            rows = []
 
-                    t0[0] = time.perf_counter()
-                    list(pool.map(task, enumerate(sels)))
-                    el = time.perf_counter() - t0[0]
-            print(f"{setting or 'default'} serial reads {'on' if mode else 'off'}: {len(sels)} blocks of {a.steps} steps, "
-                  f"{a.threads} threads: {el * 1e3:.0f} ms, {nbytes / el / 1e9:.2f} GB/s")
-            for i, e in sorted(rows):
-                print(f"  block {i:>2}: read {e.get('read0', 0):6.1f}-{e.get('read1', 0):6.1f}  "
-                      f"decode {e.get('dec0', 0):6.1f}-{e.get('dec1', 0):6.1f}  end {e.get('end', 0):6.1f} ms")
-            cupy.get_default_memory_pool().free_all_blocks()
+                            def task(i_sel):
+                                i, sel = i_sel
+                                events.pop(threading.get_ident(), None)
+                                b = r[sel]
+                                float(b.sum(axis=0, dtype="f8")[0, 0])
+                                mark("end")
+                                rows.append((i, dict(events[threading.get_ident()])))
+
+                            t0[0] = time.perf_counter()
+                            list(pool.map(task, enumerate(sels)))
+                            el = time.perf_counter() - t0[0]
+                    print(f"pass {rep} {setting or 'default'} fork {'on' if fork else 'off'} switch {sys.getswitchinterval() * 1e3:g} ms, serial reads "
+                          f"{'on' if mode else 'off'}: {len(sels)} blocks of {a.steps} steps, "
+                          f"{a.threads} threads: {el * 1e3:.0f} ms, {nbytes / el / 1e9:.2f} GB/s", flush=True)
+                    if not a.quiet:
+                        for i, e in sorted(rows):
+                            print(f"  block {i:>2}: read {e.get('read0', 0):6.1f}-{e.get('read1', 0):6.1f}  "
+                                  f"decode {e.get('dec0', 0):6.1f}-{e.get('dec1', 0):6.1f}  end {e.get('end', 0):6.1f} ms")
+                    cupy.get_default_memory_pool().free_all_blocks()
+    sys.setswitchinterval(default_interval)
     return 0
 
 

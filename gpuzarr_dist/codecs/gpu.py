@@ -229,8 +229,10 @@ def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int
     :data:`.kernels.ZSTD_FRAMES_SRC`): same verdicts, a frame's blocks
     walked side by side instead of in turn.
     """
+    from . import kernels
     from .kernels import (ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_LIT_SLOTS, ZSTD_SLOT_BYTES,
                           zstd_block_slots)
+    from ..runtime.cuda import thread_side_stream
 
     if mode == 0:
         _kernel("zstd_frames", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), fcs, length, deep,
@@ -241,13 +243,30 @@ def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int
     nslots = cupy.empty(n, dtype=cupy.int32)
     _kernel("zstd_plan", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap), nslots,
                                                             fcs, length, deep))
-    total, t = n * cap, ZSTD_BLOCK_THREADS
-    _kernel("zstd_blocks", ZSTD_FRAMES_SRC, (f"-DGZ_LANE_SHARED={ZSTD_LANE_SHARED}",))(
-        ((total + t - 1) // t,), (t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots, np.int32(mode)))
+    total = n * cap
+    side = None
     if mode >= 2:
+        # the literals walk needs only the plan: on the thread's second stream it runs beside the sequences
+        # walk (both are a few long serial walks per thread, far from filling the GPU), joined before the combine
+        main = cupy.cuda.get_current_stream()
+        side = thread_side_stream() if kernels.ZSTD_WALK_FORK else main
+        if side is not main:
+            planned = cupy.cuda.Event(block=False, disable_timing=True)
+            planned.record(main)
+            side.wait_event(planned)
         t = ZSTD_LIT_SLOTS
-        _kernel("zstd_literals", ZSTD_FRAMES_SRC, (f"-DGZ_LIT_SLOTS={t}",))(
-            ((total + t - 1) // t,), (4 * t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots))
+        with side:
+            _kernel("zstd_literals", ZSTD_FRAMES_SRC, (f"-DGZ_LIT_SLOTS={t}",))(
+                ((total + t - 1) // t,), (4 * t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots))
+    t = ZSTD_BLOCK_THREADS
+    try:
+        _kernel("zstd_blocks", ZSTD_FRAMES_SRC, (f"-DGZ_LANE_SHARED={ZSTD_LANE_SHARED}",))(
+            ((total + t - 1) // t,), (t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots, np.int32(mode)))
+    finally:  # joined even when the launch fails: waiting for the thread's stream then waits for both
+        if side is not None and side is not main:
+            walked = cupy.cuda.Event(block=False, disable_timing=True)
+            walked.record(side)
+            main.wait_event(walked)
     _kernel("zstd_combine", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), slots, np.int32(cap),
                                                                nslots, fcs, length, deep, np.int32(mode)))
 

@@ -48,6 +48,18 @@ def thread_stream() -> cupy.cuda.Stream:
     return s
 
 
+def thread_side_stream() -> cupy.cuda.Stream:
+    """This thread's second CUDA stream, for work that runs beside the thread's own stream's (forked and
+    joined with events by the caller); created once, kept for the life of the process like the first."""
+    s = getattr(_local, "side", None)
+    if s is None:
+        s = cupy.cuda.Stream(non_blocking=True)
+        _local.side = s
+        with _keep_lock:
+            _keep.append(s)
+    return s
+
+
 _sync_applied: dict[int, str] = {}  # device id -> the gpuzarr.gpu.sync-wait value its context has
 _SCHED_MASK = 0x7  # CU_CTX_SCHED_MASK: the scheduling bits of a context's flags
 

@@ -25,12 +25,13 @@ def main() -> int:
     import cupy
 
     import gpuzarr_dist.reader_gpu as rg
+    from gpuzarr_dist.runtime.cuda import staging_pool
     from gpuzarr_dist.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     p = argparse.ArgumentParser()
     p.add_argument("--path", required=True)
-    p.add_argument("--steps", type=int, default=225)
+    p.add_argument("--steps", default="225", help="time steps per block; comma-separated: each in turn, one process")
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--serial-reads", choices=("off", "on", "both"), default="both")
     p.add_argument("--set", action="append", default=[], help="KEY=VALUE[,KEY=VALUE] dask config (repeatable)")
@@ -38,6 +39,7 @@ def main() -> int:
                    help="sys.setswitchinterval in ms for another row (repeatable; default: Python's 5 ms)")
     p.add_argument("--repeat", type=int, default=1, help="passes of every row, interleaved")
     p.add_argument("--quiet", action="store_true", help="no per-block lines")
+    p.add_argument("--free-pool", action="store_true", help="free CuPy's device pool after every pass")
     p.add_argument("--walk-fork", choices=("on", "off", "both"), default="on",
                    help="the zstd literals walk beside the sequences walk (kernels.ZSTD_WALK_FORK), after it, or both")
     a = p.parse_args()
@@ -47,7 +49,6 @@ def main() -> int:
     for n in spec.shape:
         nbytes *= n
     rest = tuple(slice(None) for _ in spec.shape[1:])
-    sels = [(slice(t, min(t + a.steps, spec.shape[0])), *rest) for t in range(0, spec.shape[0], a.steps)]
     events: dict[int, dict[str, float]] = {}
     t0 = [0.0]
     real_read, real_decode = type(store).read_into, rg.decode_batch_gpu
@@ -68,6 +69,28 @@ def main() -> int:
         mark("dec1")
         return out
 
+    slow_pins: list[tuple[float, int]] = []  # pinned allocations over 1 ms: a miss of CuPy's pinned pool
+    real_pin = cupy.cuda.alloc_pinned_memory
+
+    def alloc_pinned_memory(size):
+        t = time.perf_counter()
+        mem = real_pin(size)
+        el = (time.perf_counter() - t) * 1e3
+        if el > 1:
+            slow_pins.append((el, size))
+        return mem
+
+    cupy.cuda.alloc_pinned_memory = alloc_pinned_memory
+    import gpuzarr_dist.runtime.memory as rm
+
+    releases = [0]  # the reader's retries after an out-of-memory error
+    real_release = rm.release_cached_device_memory
+
+    def release():
+        releases[0] += 1
+        return real_release()
+
+    rm.release_cached_device_memory = release
     type(store).read_into = read_into
     rg.decode_batch_gpu = decode
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.serial_reads]
@@ -76,7 +99,9 @@ def main() -> int:
 
     intervals = [None] + [ms / 1e3 for ms in a.switch_interval]
     forks = {"on": [True], "off": [False], "both": [True, False]}[a.walk_fork]
-    for rep in range(a.repeat):
+    pool_bytes = cupy.get_default_memory_pool().total_bytes
+    for rep, steps in [(r, int(v)) for v in a.steps.split(",") for r in range(a.repeat)]:
+        sels = [(slice(t, min(t + steps, spec.shape[0])), *rest) for t in range(0, spec.shape[0], steps)]
         for setting in settings:
             for interval, fork in [(i, f) for i in intervals for f in forks]:
                 kernels.ZSTD_WALK_FORK = fork
@@ -97,17 +122,26 @@ def main() -> int:
                                 mark("end")
                                 rows.append((i, dict(events[threading.get_ident()])))
 
+                            slow_pins.clear()
+                            releases[0] = 0
+                            pins = staging_pool().pins
+                            held = pool_bytes()
                             t0[0] = time.perf_counter()
                             list(pool.map(task, enumerate(sels)))
                             el = time.perf_counter() - t0[0]
                     print(f"pass {rep} {setting or 'default'} fork {'on' if fork else 'off'} switch {sys.getswitchinterval() * 1e3:g} ms, serial reads "
-                          f"{'on' if mode else 'off'}: {len(sels)} blocks of {a.steps} steps, "
-                          f"{a.threads} threads: {el * 1e3:.0f} ms, {nbytes / el / 1e9:.2f} GB/s", flush=True)
+                          f"{'on' if mode else 'off'}: {len(sels)} blocks of {steps} steps, "
+                          f"{a.threads} threads: {el * 1e3:.0f} ms, {nbytes / el / 1e9:.2f} GB/s; pinned allocations "
+                          f"over 1 ms: {len(slow_pins)}, {sum(t for t, _ in slow_pins):.0f} ms, "
+                          f"{sum(n for _, n in slow_pins) / 2**20:.0f} MiB; device pool {held / 2**30:.1f} -> "
+                          f"{pool_bytes() / 2**30:.1f} GiB; out-of-memory retries {releases[0]}; staging pins {staging_pool().pins - pins}, "
+                          f"{staging_pool().pinned_bytes / 2**30:.1f} GiB pinned", flush=True)
                     if not a.quiet:
                         for i, e in sorted(rows):
                             print(f"  block {i:>2}: read {e.get('read0', 0):6.1f}-{e.get('read1', 0):6.1f}  "
                                   f"decode {e.get('dec0', 0):6.1f}-{e.get('dec1', 0):6.1f}  end {e.get('end', 0):6.1f} ms")
-                    cupy.get_default_memory_pool().free_all_blocks()
+                    if a.free_pool:
+                        cupy.get_default_memory_pool().free_all_blocks()
     sys.setswitchinterval(default_interval)
     return 0
 

@@ -4,7 +4,8 @@ Each thread that reads on the GPU gets, on first use, its own non-blocking
 CuPy stream, made the thread's current stream so that the user's fused
 kernels run on it too, and kept for the life of the process (so no work, and
 no nvCOMP codec bound to it, ever outlives its stream). Large temporaries come
-from CuPy's memory pools (device and pinned), not fresh allocations per chunk.
+from CuPy's device memory pool and our pinned staging pool (:mod:`.pinned`),
+not fresh allocations per chunk.
 
 Only imported on the GPU path: importing it imports cupy.
 """
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..config import SYNC_WAITS, gpu_sync_wait
 from ..errors import GpuZarrError
+from .pinned import PinnedPool
 
 _local = threading.local()
 _keep: list = []  # streams live as long as the process: never destroyed under pending work
@@ -153,17 +155,30 @@ def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:
     return codec
 
 
-def pinned_staging(nbytes: int) -> np.ndarray:
-    """A pinned host buffer of at least ``nbytes`` as a uint8 array, from CuPy's pinned memory pool.
+_staging: PinnedPool | None = None
+_staging_lock = threading.Lock()
 
-    Sizes are rounded up to a power of two so that freed buffers are reused by
-    the next block of about the same size, on any thread; the memory goes back
-    to the pool when the array is garbage collected. The caller synchronises
-    its stream before dropping the array (no copy may still read it).
+
+def staging_pool() -> PinnedPool:
+    """The process's pool of pinned staging buffers (:mod:`.pinned`), pinning through CuPy's pinned pool."""
+    global _staging
+    if _staging is None:
+        with _staging_lock:
+            if _staging is None:
+                _staging = PinnedPool(cupy.cuda.alloc_pinned_memory)
+    return _staging
+
+
+def pinned_staging(nbytes: int) -> np.ndarray:
+    """A pinned host buffer of at least ``nbytes`` as a uint8 array, from the process's staging pool.
+
+    Any free buffer that holds the request (and is not far larger) is reused,
+    on any thread, whatever size it was pinned for (:class:`.pinned.PinnedPool`);
+    the memory goes back to the pool when the array and every view of it are
+    garbage collected. The caller synchronises its stream before dropping the
+    array (no copy may still read it).
     """
-    size = 1 << max(20, (max(nbytes, 1) - 1).bit_length())
-    mem = cupy.cuda.alloc_pinned_memory(size)
-    return np.frombuffer(mem, dtype=np.uint8, count=size)[:nbytes]
+    return staging_pool().take(nbytes)
 
 
 def sync_thread_stream() -> None:

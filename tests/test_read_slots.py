@@ -111,20 +111,29 @@ def test_only_local_files_take_turns(tmp_path):
 
 
 def _count_concurrent_reads(monkeypatch, cls, hold: float) -> list[int]:
-    """Patch ``cls.read_into`` to hold each call ``hold`` seconds; returns ``[peak calls at once]`` (updated live)."""
+    """Patch ``cls.read_into`` to count the calls at once between their staging buffer and their return (the
+    reads, which a block's turn covers), holding each ``hold`` seconds there; returns ``[peak]`` (updated live)."""
     inside, peak, lock = [0], [0], threading.Lock()
     real = cls.read_into
 
-    def read_into(self, *args, **kwargs):
-        with lock:
-            inside[0] += 1
-            peak[0] = max(peak[0], inside[0])
-        try:
-            time.sleep(hold)
-            return real(self, *args, **kwargs)
-        finally:
+    def read_into(self, keys, staging, *args, **kwargs):
+        counted = [False]
+
+        def staged(nbytes):
+            buf = staging(nbytes)  # the reader's: its turn starts here
             with lock:
-                inside[0] -= 1
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            counted[0] = True
+            time.sleep(hold)
+            return buf
+
+        try:
+            return real(self, keys, staged, *args, **kwargs)
+        finally:
+            if counted[0]:
+                with lock:
+                    inside[0] -= 1
 
     monkeypatch.setattr(cls, "read_into", read_into)
     return peak

@@ -344,3 +344,23 @@ def test_missing_array_and_403_on_metadata(http):
     finally:
         faults.clear()
     assert "plain.zarr" in str(info.value)
+
+
+@pytest.mark.parametrize("transport", ["http", "s3"])
+def test_read_into_puts_each_object_at_its_aligned_slot(tree, http, s3, transport):
+    """The GPU path's ``read_into`` of an unsharded array in an object store, run here with plain memory: each
+    chunk object's bytes (compared with the file on disk) at its slot, missing chunks -1, on one or several threads."""
+    from gpuzarr_dist.stores import copies
+
+    x = _open(transport, http, s3, "plain.zarr")
+    reader = next(iter(x.dask.values())).args[0].value
+    store = reader.store
+    keys = [reader.spec.chunk_key((t, i, j)) for t in range(3) for i in range(2) for j in range(3)] + ["c/99/0/0"]
+    for parallel in (copies.PARALLEL_BYTES, 1):  # the one-thread path, then the threads'
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(copies, "PARALLEL_BYTES", parallel)
+            buf, offsets, sizes = store.read_into(keys, lambda n: np.zeros(n, dtype=np.uint8), 256, 0)
+        assert sizes[-1] == -1 and all(o % 256 == 0 for o in offsets)
+        for key, o, n in zip(keys[:-1], offsets, sizes):
+            with open(f"{tree[0]}/plain.zarr/{key}", "rb") as f:
+                assert bytes(buf[o : o + n]) == f.read(), key

@@ -61,13 +61,13 @@ class ChunkStore(ABC):
         generic version reads with :meth:`read_many` and copies; local files
         override it to read straight into the buffer.
         """
+        from .copies import Move, scatter
+
         raw = self.read_many(keys)
         sizes = [-1 if b is None else len(b) for b in raw]
         offsets, total = staging_layout(sizes, align, lead)
         buf = staging(total)
-        for b, off in zip(raw, offsets):
-            if b is not None:
-                buf[off : off + len(b)] = memoryview(b).cast("B")
+        scatter(buf, [Move(off, b, 0, n) for b, off, n in zip(raw, offsets, sizes) if n > 0])
         return buf, offsets, sizes
 
     #: gap below which ranges of one object are read together (``gpuzarr.shards.merge-gap`` overrides it):
@@ -118,19 +118,20 @@ class ChunkStore(ABC):
         generic version copies from :meth:`read_ranges`; local files scatter
         straight into ``buf``.
         """
+        from .copies import Move, scatter
+
         got = self.read_ranges([ByteRange(r.key, r.offset, r.length) for r in reads])
-        view = memoryview(buf).cast("B")
-        sizes = []
+        sizes, moves = [], []
         for r, data in zip(reads, got):
             if data is None:
                 sizes.append(-1)
                 continue
-            data = memoryview(data).cast("B")
+            have = len(memoryview(data).cast("B"))
             for off, n, dest in r.pieces:
                 lo = off - r.offset
-                m = max(0, min(n, len(data) - lo))
-                view[dest : dest + m] = data[lo : lo + m]
-            sizes.append(len(data))
+                moves.append(Move(dest, data, lo, max(0, min(n, have - lo))))
+            sizes.append(have)
+        scatter(buf, moves)
         return sizes
 
     @abstractmethod

@@ -339,7 +339,9 @@ class ShardedChunkStore(ChunkStore):
 
         An index entry past the object's end is named as the range path names it (array, inner chunk, shard).
         """
-        view = memoryview(buf).cast("B")
+        from .copies import Move, scatter
+
+        moves = []
         for i in np.flatnonzero(mask & (sizes >= 0)).tolist():
             shard = shards[which[i]]
             data = whole[shard][1]
@@ -350,7 +352,8 @@ class ShardedChunkStore(ChunkStore):
                     f"shard index of {shard!r} points past the end of the shard object "
                     f"(bytes {o}-{o + n - 1} asked for, the object ends before byte {len(data)})",
                 )
-            view[d : d + n] = data[o : o + n]
+            moves.append(Move(d, data, o, n))
+        scatter(buf, moves)
 
     def _plan_reads(self, shards: list[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray,
                     dests: np.ndarray) -> list[MergedRead]:

@@ -1,0 +1,88 @@
+"""Blocks assembled on the GPU from a trimmed grid of chunks (edges, blocks that start inside a chunk, shards
+at the array's edge) equal zarr-python's reading, through the one-kernel placement or its fallback."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import zarr.codecs as zc
+
+import gpuzarr_dist as gz
+from conftest import assert_same, make_data, reference, write_array
+
+pytestmark = pytest.mark.gpu
+
+SHAPE, CHUNKS = (19, 45, 29), (4, 8, 6)
+
+
+def _counted_fallback(monkeypatch) -> list[int]:
+    """Count the padded-block fallback's calls of ``_place_grid`` from the trimmed-grid placement."""
+    import gpuzarr_dist.reader_gpu as rg  # imports cupy: only where a GPU test runs
+
+    calls = [0]
+    real_trimmed, real_grid = rg._place_trimmed_grid, rg._place_grid
+
+    def trimmed(*args, **kwargs):
+        def grid(*a, **k):
+            calls[0] += 1
+            return real_grid(*a, **k)
+
+        monkeypatch.setattr(rg, "_place_grid", grid)
+        try:
+            return real_trimmed(*args, **kwargs)
+        finally:
+            monkeypatch.setattr(rg, "_place_grid", real_grid)
+
+    monkeypatch.setattr(rg, "_place_trimmed_grid", trimmed)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "f8", "c8", "c16", "bool"])
+def test_trimmed_grids_equal_zarr_python(tmp_path, monkeypatch, dtype):
+    path = str(tmp_path / "a.zarr")
+    data = make_data(dtype, SHAPE, seed=3)
+    write_array(path, data, CHUNKS, compressors=[zc.ZstdCodec(level=1)])
+    expected = reference(path)
+    fallback = _counted_fallback(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # blocks that are not multiples of the chunks: warned, read twice at edges
+        x = gz.from_zarr_gpu(path, device="gpu", chunks=(7, 19, 13))
+    assert_same(x.compute().get(), expected)
+    for sel in (np.s_[3:17, 5:44, 2:27], np.s_[1:2, 9:10, :], np.s_[18:, 40:, 25:]):
+        assert_same(x[sel].compute().get(), expected[sel])
+    # 16-byte items have no kernel type: the padded block; every other width goes through the kernel
+    assert (fallback[0] > 0) == (np.dtype(dtype).itemsize == 16)
+
+
+def test_transposed_and_big_endian_chunks(tmp_path, monkeypatch):
+    """A transpose codec leaves the chunks as transposed views (the fallback); big-endian bytes are swapped
+    before placement (the kernel)."""
+    data = make_data("f4", SHAPE, seed=4)
+    for name, codecs, kernel in (("t.zarr", dict(filters=[zc.TransposeCodec(order=(2, 0, 1))]), False),
+                                 ("be.zarr", dict(serializer=zc.BytesCodec(endian="big")), True)):
+        path = str(tmp_path / name)
+        write_array(path, data, CHUNKS, compressors=[zc.ZstdCodec(level=1)], **codecs)
+        fallback = _counted_fallback(monkeypatch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            x = gz.from_zarr_gpu(path, device="gpu", chunks=(7, 19, 13))
+        assert_same(x.compute().get(), reference(path))
+        assert (fallback[0] == 0) == kernel, name
+
+
+def test_shards_at_the_array_edge(tmp_path, monkeypatch):
+    """The layout of ``bench shards``: shards padded past the array, inner chunks trimmed at its edge."""
+    import zarr
+
+    path = str(tmp_path / "s.zarr")
+    data = make_data("f4", (9, 21, 33), seed=5, specials=False)
+    z = zarr.create_array(path, shape=data.shape, dtype="f4", chunks=(4, 24, 36), compressors=None,
+                          serializer=zc.ShardingCodec(chunk_shape=(1, 8, 12), codecs=[zc.BytesCodec(), zc.ZstdCodec()]))
+    z[...] = data
+    fallback = _counted_fallback(monkeypatch)
+    x = gz.from_zarr_gpu(path, device="gpu")
+    assert_same(x.compute().get(), reference(path))
+    assert_same(x[2:7, 3:20, 5:31].compute().get(), data[2:7, 3:20, 5:31])
+    assert fallback[0] == 0

@@ -22,6 +22,7 @@ on the GPU path), so the tests run the pool on the CPU with plain memory.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import threading
 import weakref
@@ -52,9 +53,8 @@ class PinnedPool:
     def __init__(self, alloc: Callable[[int], Any]) -> None:
         self._alloc = alloc
         self._lock = threading.Lock()
-        self._free: list[tuple[int, int, Any]] = []  # (size, serial, owner), sorted by size
-        self._returned: deque[tuple[int, int, Any]] = deque()  # appended by finalizers, from any thread
-        self._serial = 0
+        self._free: list[tuple[int, Any]] = []  # (size, owner), sorted by size
+        self._returned: deque[tuple[int, Any]] = deque()  # appended by finalizers, from any thread
         self.pinned_bytes = 0  # all buffers this pool pinned, in use or free
         self.pins = 0  # how many times it had to pin a new buffer
 
@@ -64,13 +64,11 @@ class PinnedPool:
         want = size_class(nbytes)
         with self._lock:
             self._collect()
-            hit = next((i for i, (size, _, _) in enumerate(self._free)
-                        if nbytes <= size <= want * REUSE_FACTOR), None)
-            if hit is not None:
-                size, serial, owner = self._free.pop(hit)
+            at = bisect.bisect_left(self._free, nbytes, key=lambda e: e[0])  # the smallest that holds it
+            if at < len(self._free) and self._free[at][0] <= want * REUSE_FACTOR:
+                size, owner = self._free.pop(at)
             else:
-                size, serial, owner = want, self._serial, None
-                self._serial += 1
+                size, owner = want, None
         if owner is None:  # pinning takes long: outside the lock, so other threads' hits need not wait
             owner = self._alloc(size)
             with self._lock:
@@ -78,28 +76,25 @@ class PinnedPool:
                 self.pins += 1
         view = (ctypes.c_uint8 * size).from_address(int(owner.ptr))
         # every array made from ``view`` keeps it alive (it is their base): when the last goes, so does ``view``
-        weakref.finalize(view, self._returned.append, (size, serial, owner)).atexit = False
+        weakref.finalize(view, self._returned.append, (size, owner)).atexit = False
         return np.frombuffer(view, dtype=np.uint8, count=nbytes)
 
     def _collect(self) -> None:
         """Move the buffers given back since the last call into the sorted free list (under the lock)."""
         while self._returned:
-            entry = self._returned.popleft()
-            sizes = [s for s, _, _ in self._free]
-            at = next((i for i, s in enumerate(sizes) if s > entry[0]), len(sizes))
-            self._free.insert(at, entry)
+            bisect.insort_right(self._free, self._returned.popleft(), key=lambda e: e[0])
 
     def free_bytes(self) -> int:
         """Bytes of the buffers that are free now."""
         with self._lock:
             self._collect()
-            return sum(size for size, _, _ in self._free)
+            return sum(size for size, _ in self._free)
 
     def release(self) -> int:
         """Drop every free buffer (their memory goes back to the allocator's owner objects); the bytes dropped."""
         with self._lock:
             self._collect()
-            dropped = sum(size for size, _, _ in self._free)
+            dropped = sum(size for size, _ in self._free)
             self._free.clear()
             self.pinned_bytes -= dropped
         return dropped

@@ -156,12 +156,11 @@ class LocalChunkStore(ChunkStore):
         timed = stage_timer()
         sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
         offsets, total = staging_layout(sizes, align, lead)
-        timed("files: open + sizes")
-        buf = staging(total)
-        timed("staging alloc")
-        files, futures, again = [], [], []
+        files, futures, again, opened = [], [], [], []
         key, waited = (keys[0] if keys else ""), 0
         try:
+            # the files are opened before ``staging`` is called: on the GPU path that call takes the block's
+            # read turn, and 56 opens inside it (two open() each, with the GIL) made every other block wait
             for key, n, off in zip(keys, sizes, offsets):
                 if n > 0:
                     try:
@@ -169,7 +168,12 @@ class LocalChunkStore(ChunkStore):
                     except (OSError, RuntimeError):  # read below with the retry policy
                         again.append((key, n, off))
                         continue
-                    futures.append((key, n, off, files[-1].pread(buf[off : off + n], n, 0)))
+                    opened.append((key, n, off, files[-1]))
+            timed("files: open + sizes")
+            buf = staging(total)
+            timed("staging alloc")
+            for key, n, off, f in opened:
+                futures.append((key, n, off, f.pread(buf[off : off + n], n, 0)))
             for key, n, off, fut in futures:
                 try:
                     got = fut.get()

@@ -9,8 +9,9 @@ into pinned memory and copied up once per block, with one warning per codec.
 At most ``gpuzarr.gpu.read-slots`` blocks of the process read local files at
 once (one by default), so that blocks land one after another and each decodes
 while the next ones are read (:attr:`~gpuzarr_dist.stores.base.ChunkStore.read_turns`).
-A block takes its turn once its files are sized and its staging buffer is
-found, just before the reads.
+A block takes its turn once its files are sized and opened and its staging
+buffer is found, just before the reads; a block of fewer stored bytes than
+``gpuzarr.gpu.read-slot-min`` takes none.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from .assemble import Plan
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
-from .config import gpu_read_slots
+from .config import gpu_read_slot_min_bytes, gpu_read_slots
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream
 from .runtime.threads import read_slot
 from .runtime.once import warn_once
@@ -57,13 +58,14 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     timed = stage_timer()
     keys = spec.chunk_keys([p.coords for p in plan.parts])
     slots = gpu_read_slots() if getattr(reader.store, "read_turns", False) else 0  # local files; object stores cap requests already
+    turn_min = gpu_read_slot_min_bytes()
     with ExitStack() as turn:  # blocks land one after another: each decodes while the next ones read
 
         def staging(nbytes: int):
             # the buffer before the turn: pinning new memory (a staging pool miss) took 100-250 ms for 512 MiB
             # on an H200, and inside the turn every other block's reads waited for it
             buf = pinned_staging(nbytes)
-            if not turn_taken:
+            if not turn_taken and nbytes >= turn_min:  # a small read takes no turn (gpuzarr.gpu.read-slot-min)
                 turn_taken.append(turn.enter_context(read_slot(slots)))
             return buf
 

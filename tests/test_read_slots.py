@@ -32,6 +32,18 @@ def test_read_slots_setting():
         gpu_read_slots()
 
 
+def test_read_slot_min_setting():
+    from gpuzarr_dist.config import gpu_read_slot_min_bytes
+
+    assert gpu_read_slot_min_bytes() == 16 * 2**20  # the default
+    with dask.config.set({"gpuzarr.gpu.read-slot-min": "1 MiB"}):
+        assert gpu_read_slot_min_bytes() == 2**20
+    with dask.config.set({"gpuzarr.gpu.read-slot-min": 0}):
+        assert gpu_read_slot_min_bytes() == 0
+    with dask.config.set({"gpuzarr.gpu.read-slot-min": -1}), pytest.raises(ValueError, match="read-slot-min"):
+        gpu_read_slot_min_bytes()
+
+
 def _max_inside(n_slots: int, threads: int, hold: float = 0.01) -> int:
     inside, peak, lock = [0], [0], threading.Lock()
 
@@ -167,7 +179,9 @@ def test_read_slots_under_many_threads_equal_zarr_python(tmp_path, monkeypatch, 
     expected = reference(path)
     peak = _count_concurrent_reads(monkeypatch, LocalChunkStore, 0.005)
     x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 32, 40))  # 8 blocks of 16 chunks
-    with dask.config.set({"gpuzarr.gpu.read-slots": slots, "scheduler": "threads", "num_workers": 8}):
+    # these blocks are 40 KB: read-slot-min 0 makes them take turns as large blocks do
+    with dask.config.set({"gpuzarr.gpu.read-slots": slots, "gpuzarr.gpu.read-slot-min": 0, "scheduler": "threads",
+                          "num_workers": 8}):
         for _ in range(3):
             assert_same(x.compute().get(), expected)
             got = x.astype("f8").mean(axis=0).compute().get()
@@ -176,3 +190,30 @@ def test_read_slots_under_many_threads_equal_zarr_python(tmp_path, monkeypatch, 
         assert peak[0] == slots
     else:
         assert peak[0] > 2  # unlimited: blocks read together
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("turns", [True, False])
+def test_blocks_below_read_slot_min_take_no_turn(tmp_path, monkeypatch, turns):
+    """A block of fewer stored bytes than ``gpuzarr.gpu.read-slot-min`` reads without a slot; a larger one takes one."""
+    import os
+
+    from gpuzarr_dist.stores.local import LocalChunkStore
+
+    path = str(tmp_path / "a.zarr")
+    data = make_data("float32", (64, 32, 40), seed=8, specials=False)
+    write_array(path, data, (2, 16, 20), compressors=[zc.ZstdCodec(level=1)])
+    expected = reference(path)
+    stored = [os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs if f != "zarr.json"]
+    block = 16 * max(stored)  # 8 blocks of 16 chunks: no block stores more than this
+    # a staging buffer is at least a block's stored bytes (plus alignment): the smallest chunk x 16 is below every
+    # block; 64 x the largest is above every buffer
+    least = 16 * min(stored) if turns else 64 * max(stored)
+    peak = _count_concurrent_reads(monkeypatch, LocalChunkStore, 0.005)
+    x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 32, 40))
+    with dask.config.set({"gpuzarr.gpu.read-slots": 1, "gpuzarr.gpu.read-slot-min": least, "scheduler": "threads",
+                          "num_workers": 8}):
+        for _ in range(3):
+            assert_same(x.compute().get(), expected)
+    assert block < 64 * max(stored)
+    assert (peak[0] == 1) if turns else (peak[0] > 1)

@@ -28,7 +28,7 @@ from .runtime.device import resolve_device
 from .stores.source import open_source
 
 
-def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
+def auto_block_shape(spec: ArraySpec, target_bytes: int, balance: bool = False) -> tuple[int, ...]:
     """A block shape that is a whole multiple of the stored objects' shape, about ``target_bytes`` big.
 
     The unit is the chunk, or the shard for sharded arrays (so each shard is read by one task).
@@ -36,6 +36,11 @@ def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
     Axes grow in order, the first (slowest-varying, often time) first: each
     axis takes as many chunks as fit, up to its whole extent, before the next
     one grows. At least one chunk per block, whatever its size.
+
+    ``balance``: the axis where the blocks stop growing is cut into blocks of
+    as equal a number of chunks as can be, instead of full blocks and a short
+    last one (300 chunks that fit 67 at a time: 5 blocks of 60, not 4 of 67
+    and one of 32), so no task is a small remainder.
     """
     unit = spec.read_unit
     block = list(unit)
@@ -45,8 +50,10 @@ def auto_block_shape(spec: ArraySpec, target_bytes: int) -> tuple[int, ...]:
         if size >= target_bytes:
             break
         units_on_axis = math.ceil(n / unit[ax]) if unit[ax] else 1
-        fit = max(1, int(target_bytes // max(size, 1)))
-        block[ax] = unit[ax] * min(units_on_axis, fit)
+        fit = min(units_on_axis, max(1, int(target_bytes // max(size, 1))))
+        if balance:
+            fit = math.ceil(units_on_axis / math.ceil(units_on_axis / fit))
+        block[ax] = unit[ax] * fit
     return tuple(min(b, max(n, 1)) for b, n in zip(block, spec.shape))
 
 

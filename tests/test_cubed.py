@@ -8,6 +8,7 @@ through tools/gpu_check_cubed.py.
 from __future__ import annotations
 
 import io
+import math
 import os
 import subprocess
 import sys
@@ -67,8 +68,16 @@ def test_spec_defaults_and_formula():
     assert s.gpuzarr_read_block == 10_000_000
     assert s.reserved_mem == 10_000_000  # CPU: 1.0 x the read block (compressed bytes, ratio 1)
     assert isinstance(s.executor, gc.ThreadsExecutor)
-    # the GPU formula, computed without a GPU
-    assert gc.default_reserved_mem(80_000_000, "gpu") == 42_000_000 + (2 << 20)
+    # the GPU formula, computed without a GPU: nvCOMP's zstd scratch (3.05 bytes per decoded byte, measured)
+    # for the largest read block whose projection, reserved + 4 x the block, fits allowed_mem
+    from gpuzarr_dist.cubed.memory import default_read_block
+
+    rb = default_read_block(80_000_000, "gpu")
+    assert rb == 11_347_517  # 80 MB / 7.05
+    reserved = gc.default_reserved_mem(80_000_000, "gpu")
+    assert reserved == math.ceil(3.05 * rb) + (2 << 20)
+    assert reserved + 4 * rb <= 80_000_000 + (2 << 20)  # the pool slack is the only overshoot, and the block
+    assert default_read_block(80_000_000, "cpu") == 10_000_000  # shrinks by it (from_zarr_gpu's budget)
 
 
 def test_spec_explicit_values_and_errors(tmp_path):
@@ -525,3 +534,38 @@ def test_bench_cubed_check_flags_nan_and_drops_the_output(tmp_path):
     zarr.create_array(str(bad), shape=shape, chunks=chunks, dtype="f4")[:] = y
     bc._check_and_drop(str(tmp_path), str(bad), mean, res)
     assert res["err_anomaly"] == float("inf") and not bad.exists()
+
+
+@pytest.mark.parametrize("n, fit", [(300, 67), (300, 56), (300, 300), (7, 3), (10, 1)])
+def test_balanced_blocks_split_the_axis_evenly(n, fit):
+    """``auto_block_shape(balance=True)``, the Cubed reader's blocks: as many blocks as the unbalanced shape needs,
+    none above the target, and the smallest regular block size that needs no more (cubed's chunks are regular
+    but for the last: 300 chunks that fit 67 give 5 blocks of 60, not 4 of 67 and one of 32)."""
+    from types import SimpleNamespace
+
+    from gpuzarr_dist.graph import auto_block_shape
+
+    spec = SimpleNamespace(read_unit=(8, 181, 360), shape=(8 * n, 181, 360), dtype=np.dtype("f4"))
+    target = fit * 8 * 181 * 360 * 4
+    plain, even = auto_block_shape(spec, target)[0] // 8, auto_block_shape(spec, target, balance=True)[0] // 8
+    assert plain == min(n, fit)
+    sizes = [min(even, n - i) for i in range(0, n, even)]  # chunks per block along the split axis
+    assert len(sizes) == math.ceil(n / plain)  # no more tasks than before
+    assert even == 1 or math.ceil(n / (even - 1)) > len(sizes)  # one chunk less per block would need more
+    assert even <= fit and sum(sizes) == n
+    if (n, fit) == (300, 67):
+        assert sizes == [60] * 5
+
+
+def test_from_zarr_gpu_reads_through_map_blocks_when_cubed_internals_differ(tmp_path, monkeypatch):
+    """Another cubed's internals (``_as_source`` gives up): the map_blocks read operation, equal to zarr-python."""
+    import gpuzarr_dist.cubed.reader as cr
+
+    data = make_data("float32", (20, 12), seed=9, specials=False)
+    path = str(tmp_path / "a.zarr")
+    write_array(path, data, (4, 6))
+    monkeypatch.setattr(cr, "_as_source", lambda *a, **k: None)
+    s = gc.spec("2 MB", str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(path, spec=s, chunks=(8, 12))
+    assert type(getattr(x, "_zarray", None)).__name__ != "SourceArray"
+    np.testing.assert_array_equal(np.asarray(x.compute()), reference(path))

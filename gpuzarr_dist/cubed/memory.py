@@ -1,21 +1,26 @@
 """Memory: the per-task budget split (``reserved_mem`` and read blocks) and the measured peak of each task.
 
-Budget (documented in the README, "Cubed"): a task reading a block of ``B``
-decompressed bytes holds, on the GPU, the compressed bytes on the device
-(at most ``B``), the decoded chunks (``B``), the block (``B``) and nvCOMP's zstd
-scratch space (measured: 12.7 MB for a 4 MB chunk, about 3.2 bytes per
-compressed byte). Cubed counts the array data itself (its ``projected_mem`` for
-the read task is ``reserved_mem`` + 2 x the input chunk (a virtual array, counted
-at the block's size) + 2 x the block = ``reserved_mem + 4 B``), so the decoder's
-workspace that cubed does not see goes into ``reserved_mem``:
+Budget (documented in the README, "Cubed"): cubed projects a task that reads
+an input chunk of ``B`` bytes as ``reserved_mem`` + ``B`` (its read buffer:
+here the compressed bytes on the device, at most ``B`` for incompressible
+data) + ``B`` (the array) + 2 x its output chunk. What cubed does not see is
+the decoder's workspace, so it goes into ``reserved_mem``: nvCOMP's zstd
+scratch space, 3.05 bytes per decoded byte (``nvcompBatchedZstdDecompressGetTempSize``
+on an H200, nvCOMP 6.0, for 8 to 4096 frames of 256 KiB and 8 to 256 of
+2 MB: the same ratio). A GPU read holds the compressed bytes (at most ``B``),
+the decoded chunks (``B``), the block (``B``) and the scratch at once: at
+most ``6.05 B``, within the projection ``reserved_mem + 4 B = 7.05 B``
+(measured: 5.85 B, compressed ratio 1.25).
 
     reserved_mem = WORKSPACE[device] * read_block + POOL_SLACK[device]
-    WORKSPACE = {"gpu": 4.2 (compressed copy 1 + zstd scratch 3.2), "cpu": 1.0 (compressed bytes)}
-    read_block  = allowed_mem // 8 unless given
+    WORKSPACE = {"gpu": 3.05 (zstd scratch), "cpu": 1.0 (compressed bytes)}
+    read_block  = allowed_mem / (4 + 3.05) on the GPU, allowed_mem // 8 on the CPU, unless given
 
 and ``from_zarr_gpu`` reads blocks of at most ``min(read_block, (allowed_mem -
-reserved_mem) / 4)`` bytes (0.119 x allowed_mem on the GPU, 0.125 x on the CPU), so
-cubed's projection fits ``allowed_mem`` and the workspace covers incompressible data.
+reserved_mem) / 4)`` bytes (0.141 x allowed_mem on the GPU, 0.125 x on the CPU),
+split evenly along the axis that is split, so cubed's projection fits
+``allowed_mem``. (Until session 18 the GPU's workspace was 4.2, a compressed
+copy counted a second time, and blocks were 0.119 x allowed_mem.)
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
@@ -40,26 +45,28 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-WORKSPACE = {"gpu": 4.2, "cpu": 1.0}
+WORKSPACE = {"gpu": 3.05, "cpu": 1.0}
 POOL_SLACK = {"gpu": 2 << 20, "cpu": 0}  # CuPy pool rounding (512-byte units, 1 MiB staging round-up) and kernels
-READ_BLOCK_FRACTION = 8
+#: allowed_mem / read_block: on the GPU the largest block cubed's projection (reserved + 4 x the block) allows
+READ_BLOCK_FRACTION = {"gpu": 4 + WORKSPACE["gpu"], "cpu": 8}
 
 
-def default_read_block(allowed_mem: int) -> int:
-    """The decompressed size of the read blocks from_zarr_gpu aims for under ``allowed_mem``."""
-    return max(1, allowed_mem // READ_BLOCK_FRACTION)
+def default_read_block(allowed_mem: int, device: str = "cpu") -> int:
+    """The decompressed size of the read blocks from_zarr_gpu aims for under ``allowed_mem`` on ``device``."""
+    return max(1, int(allowed_mem // READ_BLOCK_FRACTION[device]))
 
 
 def default_reserved_mem(allowed_mem: int, device: str, read_block: int | None = None) -> int:
     """``reserved_mem`` covering the decoders' and pools' workspace (see the module docstring)."""
-    rb = default_read_block(allowed_mem) if read_block is None else read_block
+    rb = default_read_block(allowed_mem, device) if read_block is None else read_block
     return int(math.ceil(WORKSPACE[device] * rb)) + POOL_SLACK[device]
 
 
 def min_allowed(chunk_bytes: int, device: str) -> int:
     """The smallest ``allowed_mem`` under which spec()'s defaults read blocks of one ``chunk_bytes`` chunk."""
-    free = 1 - WORKSPACE[device] / READ_BLOCK_FRACTION
-    return int(math.ceil(max(READ_BLOCK_FRACTION * chunk_bytes, (4 * chunk_bytes + POOL_SLACK[device]) / free)))
+    frac = READ_BLOCK_FRACTION[device]
+    free = 1 - WORKSPACE[device] / frac
+    return int(math.ceil(max(frac * chunk_bytes, (4 * chunk_bytes + POOL_SLACK[device]) / free)))
 
 
 # -- measurement -----------------------------------------------------------------

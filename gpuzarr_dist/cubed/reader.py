@@ -49,7 +49,8 @@ def from_zarr_gpu(
     """A ``cubed.Array`` over a Zarr array, each block read and decoded in one batch (nvCOMP on the GPU).
 
     Blocks are whole multiples of the Zarr chunks (or shards), as big as the
-    spec's budget allows: at most ``read_block`` bytes (``allowed_mem // 8`` by
+    spec's budget allows, split evenly along the axis where they are split:
+    at most ``read_block`` bytes (``allowed_mem / 7.05`` on the GPU by
     default, see :func:`gpuzarr_dist.cubed.spec`) and at most
     ``(allowed_mem - reserved_mem) / 4``, so cubed's projected memory for the
     read task fits ``allowed_mem``. Raises :class:`MemoryBudgetError` when even
@@ -80,11 +81,11 @@ def from_zarr_gpu(
             f"to at least {min_allowed(unit_bytes, dev)} bytes (with spec()'s defaults), or use smaller Zarr chunks"
         )
     if isinstance(chunks, str) and chunks == "auto":
-        shape = auto_block_shape(aspec, target)
+        shape = auto_block_shape(aspec, target, balance=True)
     elif isinstance(chunks, str):
         from dask.utils import parse_bytes
 
-        shape = auto_block_shape(aspec, min(target, int(parse_bytes(chunks))))
+        shape = auto_block_shape(aspec, min(target, int(parse_bytes(chunks))), balance=True)
     else:
         shape = tuple(int(c) for c in chunks)
         if len(shape) != aspec.ndim:
@@ -105,6 +106,17 @@ def from_zarr_gpu(
         spec=spec,
         reader=reader,
     )
+
+
+class _block_fn:
+    """A picklable ``func(empty, reader=, block_id=)`` with the block chunks bound (cubed passes ``chunks`` itself)."""
+
+    def __init__(self, chunks: tuple):
+        self.chunks = chunks
+        self.__name__ = "read_zarr_gpu"
+
+    def __call__(self, _empty: Any, *, reader: BlockReader, block_id: tuple) -> Any:
+        return read_zarr_gpu(_empty, reader=reader, chunks=self.chunks, block_id=block_id)
 
 
 class SourceArray:

@@ -85,13 +85,15 @@ def spec(
     reserved_mem
         Memory per task that is not array data. Default: the decoders' and
         pools' workspace for read blocks of ``read_block`` bytes,
-        ``4.2 * read_block + 2 MiB`` on the GPU (the compressed bytes on the
-        device plus nvCOMP's zstd scratch, 3.2 bytes per compressed byte,
-        incompressible data assumed) and ``1.0 * read_block`` on the CPU.
+        ``3.05 * read_block + 2 MiB`` on the GPU (nvCOMP's zstd scratch, 3.05
+        bytes per decoded byte; cubed counts the compressed bytes as the
+        block's read buffer) and ``1.0 * read_block`` on the CPU.
     executor
         Default: :class:`~gpuzarr_dist.cubed.ThreadsExecutor` on the device.
     read_block
-        Decompressed size of the blocks :func:`from_zarr_gpu` reads; default ``allowed_mem // 8``.
+        Decompressed size of the blocks :func:`from_zarr_gpu` reads; default
+        ``allowed_mem / 7.05`` on the GPU (the largest cubed's projection of a
+        read, ``reserved_mem`` + 4 x the block, allows), ``allowed_mem // 8`` on the CPU.
     intermediate_store, storage_options
         As for ``cubed.Spec``.
     zarr_compressor
@@ -108,7 +110,7 @@ def spec(
     allowed = nbytes(allowed_mem, "allowed_mem")
     if not allowed:
         raise ValueError(f"allowed_mem must be more than 0, got {allowed_mem!r}")
-    rb = nbytes(read_block, "read_block") or default_read_block(allowed)
+    rb = nbytes(read_block, "read_block") or default_read_block(allowed, dev)
     reserved = nbytes(reserved_mem, "reserved_mem")
     if reserved is None:
         reserved = default_reserved_mem(allowed, dev, rb)

@@ -534,6 +534,24 @@ def test_bench_cubed_check_flags_nan_and_drops_the_output(tmp_path):
     zarr.create_array(str(bad), shape=shape, chunks=chunks, dtype="f4")[:] = y
     bc._check_and_drop(str(tmp_path), str(bad), mean, res)
     assert res["err_anomaly"] == float("inf") and not bad.exists()
+    # a whole tile of one step, away from the first, middle and last step, written as x (a mean of 0)
+    wrong = tmp_path / "wrong.zarr"
+    y = (x - mean).astype("f4")
+    y[3, :3, 4:] = x[3, :3, 4:]
+    zarr.create_array(str(wrong), shape=shape, chunks=chunks, dtype="f4")[:] = y
+    res = {}
+    bc._check_and_drop(str(tmp_path), str(wrong), mean, res)
+    assert res["err_anomaly"] > 1.0 and not wrong.exists()
+
+
+def test_bench_cubed_checks_every_block_of_the_benchmark_array():
+    """The checked steps reach every block of 2400 steps cut into 5 to 300 blocks (blocks of 8 or more steps)."""
+    from gpuzarr_dist.bench import cubed as bc
+
+    steps = bc.checked_steps(2400)
+    assert steps[0] == 0 and steps[-1] == 2399 and 1200 in steps
+    for block in (480, 448, 400, 120, 80):
+        assert {t // block for t in steps} == set(range(-(-2400 // block)))
 
 
 @pytest.mark.parametrize("n, fit", [(300, 67), (300, 56), (300, 300), (7, 3), (10, 1)])

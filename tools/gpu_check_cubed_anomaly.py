@@ -7,11 +7,11 @@ committed; the committed read allocates the block first. The race showed at
 none of the 3 steps ``bench cubed`` then compared (it now compares 33). The
 findings on an H200, 8 threads, 2400 steps of (8, 181, 360) chunks:
 
-- wrong in 2 of 3 runs with the change, and with every other change of that
-  session switched off;
-- clean in 9 runs at the session's start, in 6 with the block allocated
-  first, and in 3 with a device-wide synchronisation between the decode and
-  the allocation;
+- wrong in 21 of 32 runs with the change (2 of 3 with every other change of
+  that session switched off);
+- clean in 21 runs with the block allocated before the decode (the session's
+  start, two earlier commits, the committed code), and in 3 with a
+  device-wide synchronisation between the decode and the allocation;
 - still wrong when nvCOMP's scratch of the decode was kept alive until the
   thread's next decode (so it is not late writes into the scratch);
 - clean when every block read was followed by a reduction on it

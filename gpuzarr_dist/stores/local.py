@@ -156,7 +156,7 @@ class LocalChunkStore(ChunkStore):
         timed = stage_timer()
         sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
         offsets, total = staging_layout(sizes, align, lead)
-        files, futures, again, opened = [], [], [], []
+        futures, again, opened = [], [], []  # opened: (key, size, offset, CuFile), each closed below
         key, waited = (keys[0] if keys else ""), 0
         try:
             # the files are opened before ``staging`` is called: on the GPU path that call takes the block's
@@ -164,11 +164,9 @@ class LocalChunkStore(ChunkStore):
             for key, n, off in zip(keys, sizes, offsets):
                 if n > 0:
                     try:
-                        files.append(kvikio.CuFile(self.path(key), "r"))
+                        opened.append((key, n, off, kvikio.CuFile(self.path(key), "r")))
                     except (OSError, RuntimeError):  # read below with the retry policy
                         again.append((key, n, off))
-                        continue
-                    opened.append((key, n, off, files[-1]))
             timed("files: open + sizes")
             buf = staging(total)
             timed("staging alloc")
@@ -188,7 +186,7 @@ class LocalChunkStore(ChunkStore):
                     fut.get()
                 except Exception:  # the first failure is already being raised
                     pass
-            for f in files:
+            for *_, f in opened:
                 f.close()
         view = memoryview(buf).cast("B") if again else None
         for key, n, off in again:

@@ -88,6 +88,92 @@ def test_each_thread_has_its_own_stream(era5ish):
     assert len(streams) == 8 and 0 not in streams  # distinct, none is the legacy default stream
 
 
+@pytest.mark.parametrize("codec", ["zstd-one-chunk", "zstd-batch", "zlib", "lz4-blosc", "none"])
+def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
+    """After a block read and a block write, CuPy's current stream is still the thread's own stream.
+
+    Session 19: the decode's ``with stream:`` restored, on exit, the bottom of
+    CuPy's stream stack (the legacy null stream), not the stream
+    ``thread_stream`` had made current with ``use()``. Placement kernels and
+    the user's computation then ran on the null stream, outside what the read
+    synchronises, and a read that allocated its block after the decode gave
+    wrong tiles in the Cubed variant's anomaly. Each codec here takes another
+    decode path (one chunk: the CPU's small batch; more: nvCOMP; zlib: the deflate walk;
+    Blosc: the gathered streams; none: no compressor).
+    """
+    import cupy
+
+    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.stores.source import open_source
+    from gpuzarr_dist.write import BlockWriter, _open_target
+    from gpuzarr_dist.metadata import spec_from_zarr_metadata
+
+    data = make_data("float32", (64, 40, 30), seed=9, specials=False)
+    compressors = {"zstd-one-chunk": [zc.ZstdCodec(level=1)], "zstd-batch": [zc.ZstdCodec(level=1)],
+                   "zlib": None, "lz4-blosc": None, "none": None}[codec]
+    path = str(tmp_path / "a.zarr")
+    if codec == "zlib":
+        write_array(path, data, (2, 40, 30), zarr_format=2, compressors=numcodecs.Zlib(level=1))
+    elif codec == "lz4-blosc":
+        write_array(path, data, (2, 40, 30), zarr_format=2, compressors=numcodecs.Blosc(cname="lz4", shuffle=1))
+    else:
+        write_array(path, data, (2, 40, 30), compressors=compressors)
+    store, spec = open_source(path)
+    reader = BlockReader(store, spec, "gpu")
+    out_path = str(tmp_path / "b.zarr")
+    zarr.create_array(out_path, shape=data.shape, chunks=(2, 40, 30), dtype="f4", compressors=[zc.ZstdCodec(level=1)])
+    target = _open_target(out_path, None, None)
+    z = zarr.open_array(out_path, mode="r")
+    writer = BlockWriter(spec_from_zarr_metadata(z.metadata, target.name), target.writer(target.name),
+                         tuple((n,) for n in data.shape), "gpu")
+    seen, errors = [], []
+
+    def work() -> None:
+        try:
+            s = thread_stream()
+            sel = np.s_[0:2] if codec == "zstd-one-chunk" else np.s_[:]
+            block = reader[sel]
+            seen.append(("read", cupy.cuda.get_current_stream() is s))
+            np.testing.assert_array_equal(block.get(), data[sel])
+            writer.write(block * 1, (0, 0, 0))
+            seen.append(("write", cupy.cuda.get_current_stream() is s))
+            assert cupy.cuda.get_current_stream().ptr != 0
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    import dask
+
+    # one chunk under min-batch-chunks 2: the batch is decoded on the CPU and copied up (the suite's default is 0)
+    with dask.config.set({"gpuzarr.gpu.min-batch-chunks": 2 if codec == "zstd-one-chunk" else 0}):
+        t = threading.Thread(target=work)
+        t.start()
+        t.join()
+    assert not errors, errors
+    assert seen == [("read", True), ("write", True)]
+    sel = np.s_[0:2] if codec == "zstd-one-chunk" else np.s_[:]
+    np.testing.assert_array_equal(zarr.open_array(out_path, mode="r")[sel], data[sel])
+
+
+def test_user_computations_run_on_the_threads_streams(era5ish):
+    """The function fused after a read runs on the worker thread's own stream, never the legacy null stream."""
+    import cupy
+    import dask
+
+    path, expected = era5ish
+    x = gz.from_zarr_gpu(path, device="gpu", chunks=(10, 48, 64))
+    ptrs = set()
+
+    def where(b):
+        ptrs.add(cupy.cuda.get_current_stream().ptr)
+        return b * 2
+
+    with dask.config.set(scheduler="threads", num_workers=4):
+        got = x.map_blocks(where).sum(axis=0).compute()
+    np.testing.assert_allclose(got.get(), expected.astype("f8").sum(axis=0) * 2, rtol=1e-5)
+    assert ptrs and 0 not in ptrs
+
+
 def test_codec_without_gpu_decoder_falls_back_once_with_warning(tmp_path):
     data = make_data("int16", (40, 30), seed=3)
     path = str(tmp_path / "blosc.zarr")

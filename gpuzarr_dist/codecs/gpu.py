@@ -30,7 +30,7 @@ from . import host_checks
 from .pipeline import CodecPipeline
 from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks, nvcomp_api
 from ..errors import ChunkDecodeError
-from ..runtime.cuda import pinned_empty, settle
+from ..runtime.cuda import on_stream, pinned_empty, settle
 from ..runtime.memory import is_out_of_memory
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -213,7 +213,7 @@ def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: list[int], in_size
     host[0], host[1] = in_offs, in_sizes
     if c:
         nvcomp_c.decode_tables(in_ptrs, in_sizes, out_ptrs, [stride] * n, host[2:].view(np.uint64))
-    with stream:
+    with on_stream(stream):
         up = cupy.asarray(host)  # through CuPy's pinned staging, on ``stream``: queued, not waited for
     return _Tables(up[:2], up[2:].view(cupy.uint64) if c else None)
 
@@ -255,7 +255,7 @@ def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int
             planned.record(main)
             side.wait_event(planned)
         t = ZSTD_LIT_SLOTS
-        with side:
+        with on_stream(side):
             _kernel("zstd_literals", ZSTD_FRAMES_SRC, (f"-DGZ_LIT_SLOTS={t}",))(
                 ((total + t - 1) // t,), (4 * t,), (dev, offs, np.int32(n), slots, np.int32(cap), nslots))
     t = ZSTD_BLOCK_THREADS
@@ -470,7 +470,7 @@ def decode_batch_gpu(
     with it) a walk could read the chunks before they have arrived.
     """
     try:
-        with stream:  # every allocation, walk kernel and copy back on ``stream``, whatever the caller's current one
+        with on_stream(stream):  # every allocation, walk kernel and copy back on ``stream``, whatever the caller's current one
             return _decode_batch(pipeline, host, offsets, sizes, keys, stream)
     except BaseException:
         settle(stream)

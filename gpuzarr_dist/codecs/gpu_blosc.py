@@ -40,6 +40,7 @@ from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
 from ..config import deflate_check
 from ..errors import ChunkDecodeError
+from ..runtime.cuda import on_stream
 from ..runtime.once import warn_once
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -104,7 +105,7 @@ def decode_blosc_batch(
     timed("blosc: plan frames (host)")
     tables = [pl.gather_src, pl.gather_dst, pl.gather_len, pl.piece_at, plan.block_dst, plan.block_size,
               plan.block_piece0, plan.block_neblock, plan.block_typesize, plan.block_mode, seg_block, seg_start]
-    with stream:
+    with on_stream(stream):
         work = cupy.empty(pl.total, dtype=cupy.uint8)
         work[:in_total].set(host[:in_total], stream=stream)
         packed = cupy.asarray(np.concatenate([np.asarray(t, dtype=np.int64) for t in tables]))

@@ -27,6 +27,7 @@ import numpy as np
 from . import host_checks
 from .deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
 from .gpu import _kernel
+from ..runtime.cuda import on_stream
 from ..runtime.once import warn_once
 
 _warned: set[str] = set()
@@ -76,7 +77,7 @@ def deflate_walk(buf: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
     if isinstance(limits, (int, np.integer)):
         limits = [int(limits)] * n
     t = walk_threads(n, threads)
-    with stream:
+    with on_stream(stream):
         table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
                                              np.asarray(limits, np.int64)]))
         res = cupy.empty(2 * n, dtype=cupy.int64)
@@ -119,7 +120,7 @@ def adler32_streams(buf: cupy.ndarray, offsets: Sequence[int], lengths: Sequence
     nseg = -(-lens // ADLER32_SEGMENT)
     seg0 = np.concatenate([[0], np.cumsum(nseg)]).astype(np.int64)
     total = int(seg0[-1])
-    with stream:
+    with on_stream(stream):
         table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), lens, seg0]))
         d_offs, d_lens, d_seg0 = table[:n], table[n : 2 * n], table[2 * n :]
         segs = cupy.empty(max(2 * total, 1), dtype=cupy.uint32)

@@ -48,7 +48,7 @@ from .compressors import crc32c_value
 from .pipeline import CodecPipeline
 from ..config import nvcomp_api
 from ..errors import ChunkEncodeError
-from ..runtime.cuda import thread_nvcomp_codec
+from ..runtime.cuda import on_stream, thread_nvcomp_codec
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
@@ -125,7 +125,7 @@ def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream)
     n = len(offsets)
     packed = cupy.empty(max(total, 1), dtype=cupy.uint8)
     if n:
-        with stream:
+        with on_stream(stream):
             meta = cupy.asarray(np.concatenate([np.asarray(src_ptrs, dtype=np.uint64).view(np.int64),
                                                 np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)]))
             split = max(1, min(64, 1024 // n))  # few large chunks: several thread blocks per chunk

@@ -212,7 +212,7 @@ def encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     """
     import cupy
 
-    from ..runtime.cuda import pinned_staging
+    from ..runtime.cuda import on_stream, pinned_staging
 
     a = encode_api(algorithm)
     n = len(in_ptrs)
@@ -229,7 +229,7 @@ def encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     tables = pinned_staging(3 * n * 8).view(np.uint64).reshape(3, n)  # in ptrs, in bytes, out ptrs
     tables[0], tables[1], tables[2] = in_ptrs, in_sizes, out_ptrs
     try:
-        with stream:
+        with on_stream(stream):
             dev_tables = cupy.empty((3, n), dtype=cupy.uint64)
             dev_tables.set(tables, stream=stream)
             results = cupy.empty(2 * n, dtype=cupy.uint64)  # compressed sizes, then the int32 statuses
@@ -319,7 +319,7 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     """
     import cupy
 
-    from ..runtime.cuda import pinned_staging
+    from ..runtime.cuda import on_stream, pinned_staging
 
     a = api(algorithm)
     n = len(in_ptrs)
@@ -329,7 +329,7 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
         raise NvcompCallError(f"nvCOMP {algorithm} decode: buffers not aligned to {a.alignments[:2]} (input, output)")
     largest, total = int(max(out_sizes)), int(sum(out_sizes))
     try:
-        with stream:
+        with on_stream(stream):
             if dev_tables is None:
                 tables = decode_tables(in_ptrs, in_sizes, out_ptrs, out_sizes,
                                        pinned_staging(4 * n * 8).view(np.uint64).reshape(4, n))

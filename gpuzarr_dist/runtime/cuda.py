@@ -3,7 +3,9 @@
 Each thread that reads on the GPU gets, on first use, its own non-blocking
 CuPy stream, made the thread's current stream so that the user's fused
 kernels run on it too, and kept for the life of the process (so no work, and
-no nvCOMP codec bound to it, ever outlives its stream). Large temporaries come
+no nvCOMP codec bound to it, ever outlives its stream). Our code switches
+streams with :func:`on_stream`, never ``with stream:`` (which would leave the
+thread on the legacy null stream afterwards: see there). Large temporaries come
 from CuPy's device memory pool and our pinned staging pool (:mod:`.pinned`),
 not fresh allocations per chunk.
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import cupy
 import numpy as np
@@ -48,6 +52,31 @@ def thread_stream() -> cupy.cuda.Stream:
         s.use()
     apply_sync_wait()  # after the stream: the GPU's context is current in this thread by now
     return s
+
+
+@contextmanager
+def on_stream(stream: cupy.cuda.Stream) -> Iterator[cupy.cuda.Stream]:
+    """Make ``stream`` CuPy's current stream for the ``with`` block, then make current again the stream that was.
+
+    Used instead of ``with stream:``. CuPy's own context manager restores, on
+    exit, the top of a stack that only ``with`` pushes; :func:`thread_stream`
+    makes a thread's stream current with ``Stream.use()``, which does not push.
+    So the first ``with stream:`` a read made left the thread on the legacy
+    null stream (session 19, H200): the block's placement kernel and the
+    user's computation then ran there, outside the stream the read
+    synchronises, and memory the null stream still read went back to the
+    thread stream's pool. The Cubed variant's time anomaly wrote wrong tiles
+    when the read's block was allocated after its decode.
+    """
+    prev = cupy.cuda.get_current_stream()
+    if prev is stream:
+        yield stream
+        return
+    stream.use()
+    try:
+        yield stream
+    finally:
+        prev.use()
 
 
 def thread_side_stream() -> cupy.cuda.Stream:
@@ -182,10 +211,19 @@ def pinned_staging(nbytes: int) -> np.ndarray:
 
 
 def sync_thread_stream() -> None:
-    """Wait for all work on this thread's stream (a no-op on threads without one)."""
+    """Wait for all work on this thread's stream, and on CuPy's current stream where that is another one.
+
+    A task on a thread that never read (a tree reduction's combine, say) ran
+    its kernels on the current stream, the legacy null stream unless the
+    caller chose one; its result may go to another thread, whose own stream
+    is not ordered with that one.
+    """
     s = getattr(_local, "stream", None)
     if s is not None:
         s.synchronize()
+    current = cupy.cuda.get_current_stream()
+    if current is not s:
+        current.synchronize()
 
 
 def settle(stream: cupy.cuda.Stream) -> None:

@@ -140,3 +140,50 @@ def finish(out: Any, plan: Plan) -> Any:
         return out
     res = out[plan.final_index]
     return np.asarray(res) if isinstance(res, np.generic) else res
+
+
+# -- plans as grids of chunks (the GPU read places whole grids with one kernel) ------------------
+
+
+def unit_step_grid(plan: Plan) -> bool:
+    """Whether the plan's chunks form a C-ordered grid read with step 1 (a block trimmed at the array's edge)."""
+    return all(isinstance(s, slice) and s.step in (None, 1) for part in plan.parts for s in part.chunk_sel)
+
+
+def whole_chunk_grid(plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
+    """Whether the plan is a full grid of whole chunks tiling the output (the usual aligned block)."""
+    return all(
+        s.start == 0 and s.stop == c and s.step in (None, 1)
+        for part in plan.parts
+        for s, c in zip(part.chunk_sel, chunk_shape)
+    ) and all(o % c == 0 for o, c in zip(out_shape, chunk_shape))
+
+
+class SubPlan(NamedTuple):
+    """The parts of one slab of a plan (what the placement kernels read of a plan)."""
+
+    parts: tuple
+
+
+def grid_slabs(plan: Plan, spec: ArraySpec, out_shape: tuple[int, ...], limit: int | None) -> list[tuple[int, int]] | None:
+    """``(lo, hi)`` ranges of ``plan.parts``, whole rows of its chunk grid along the first axis, of at most
+    ``limit`` decoded bytes each (one row at least); ``None`` where the block is decoded in one call: no
+    ``limit``, the block within it, one row of the grid, or a plan that is not a C-ordered grid of chunks
+    read with step 1 (missing chunks are the caller's test)."""
+    if limit is None or len(plan.parts) < 2 or not out_shape:
+        return None
+    chunk_bytes = spec.dtype.itemsize * math.prod(spec.chunk_shape)
+    if len(plan.parts) * chunk_bytes <= limit:
+        return None
+    whole = whole_chunk_grid(plan, spec.chunk_shape, out_shape)
+    if not (whole or (len(out_shape) == len(spec.chunk_shape) and unit_step_grid(plan))):
+        return None
+    first, last = plan.parts[0], plan.parts[-1]
+    grid = [b - a + 1 for a, b in zip(first.coords, last.coords)]
+    if math.prod(grid) != len(plan.parts) or grid[0] == 1:  # not a whole grid, or one row: nothing to cut
+        return None
+    per_row = len(plan.parts) // grid[0]
+    most = max(1, limit // (per_row * chunk_bytes))  # rows a slab may hold
+    count = -(-grid[0] // most)
+    rows = -(-grid[0] // count)  # even slabs (75 rows in two: 38 and 37, not 37, 37 and 1)
+    return [(r * per_row, min(grid[0], r + rows) * per_row) for r in range(0, grid[0], rows)]

@@ -29,12 +29,18 @@ from .stores.base import ChunkStore
 class BlockReader:
     """Reads selections of one Zarr array on one device ("cpu" or "gpu")."""
 
-    def __init__(self, store: ChunkStore, spec: ArraySpec, device: str = "cpu"):
+    def __init__(self, store: ChunkStore, spec: ArraySpec, device: str = "cpu", decode_bytes: int | None = None):
         if device not in ("cpu", "gpu"):
             raise ValueError(f"BlockReader device must be 'cpu' or 'gpu', got {device!r}")
+        if decode_bytes is not None and decode_bytes < 1:
+            raise ValueError(f"BlockReader decode_bytes must be a positive number of bytes or None, got {decode_bytes!r}")
         self.store = store
         self.spec = spec
         self.device = device
+        #: on the GPU, decode a block in calls of at most this many decoded bytes each (whole rows of its chunk
+        #: grid, at least one; None: one call). Bounds nvCOMP's scratch (3.05 bytes per decoded byte for zstd)
+        #: and the decoded chunks held at once; the Cubed variant sets it from its memory budget.
+        self.decode_bytes = decode_bytes
         self._pipeline: CodecPipeline | None = None
         CodecPipeline(spec)  # fail early, in the client, on codecs we cannot decode
 

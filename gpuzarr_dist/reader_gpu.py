@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import cupy
 import numpy as np
 
-from .assemble import Plan
+from .assemble import Plan, SubPlan, grid_slabs, unit_step_grid, whole_chunk_grid
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
 from .config import gpu_read_slot_min_bytes, gpu_read_slots
@@ -77,7 +77,12 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         for i, n in enumerate(sizes):
             if n < 0:
                 out[plan.parts[i].out_sel] = spec.fill_value
-        if present:
+        slabs = grid_slabs(plan, spec, out.shape, getattr(reader, "decode_bytes", None)) if len(present) == len(sizes) else None
+        if slabs is not None:  # rows of the chunk grid decoded and placed one slab after another
+            for lo, hi in slabs:
+                _read_slab(pipeline, plan, spec, out, host, offsets[lo:hi], sizes[lo:hi], keys[lo:hi], lo, hi, stream)
+            timed("H2D + decode")
+        elif present:
             chunks = decode_batch_gpu(
                 pipeline,
                 host,
@@ -87,9 +92,9 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 stream,
             )
             timed("H2D + decode")
-            if len(present) == len(plan.parts) and _whole_chunk_grid(plan, spec.chunk_shape, out.shape):
+            if len(present) == len(plan.parts) and whole_chunk_grid(plan, spec.chunk_shape, out.shape):
                 _place_grid(out, chunks, spec.chunk_shape)
-            elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and _unit_step_grid(plan):
+            elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and unit_step_grid(plan):
                 _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
             else:
                 for j, i in enumerate(present):
@@ -103,9 +108,24 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     return out
 
 
-def _unit_step_grid(plan: Plan) -> bool:
-    """Whether the plan's chunks form a C-ordered grid read with step 1 (a block trimmed at the array's edge)."""
-    return all(isinstance(s, slice) and s.step in (None, 1) for part in plan.parts for s in part.chunk_sel)
+def _read_slab(pipeline, plan: Plan, spec, out: cupy.ndarray, host, offsets, sizes, keys, lo: int, hi: int,
+               stream: cupy.cuda.Stream) -> None:
+    """Decode parts ``lo:hi`` of ``plan`` (whole grid rows, see :func:`.assemble.grid_slabs`) and place them into ``out``.
+
+    The slab's stored bytes are copied up from where they lie in ``host``
+    (offsets rebased to an aligned start, so each frame keeps its alignment).
+    Its decoded chunks and nvCOMP's scratch are freed on return, to the
+    thread stream's pool, before the next slab allocates its own: the next
+    slab's work is queued behind this one's placement on the same stream.
+    """
+    base = offsets[0] // ALIGN * ALIGN
+    chunks = decode_batch_gpu(pipeline, host[base:], [o - base for o in offsets], sizes, keys, stream)
+    parts = plan.parts[lo:hi]
+    view = out[parts[0].out_sel[0].start : parts[-1].out_sel[0].stop]
+    if whole_chunk_grid(SubPlan(parts), spec.chunk_shape, view.shape):
+        _place_grid(view, chunks, spec.chunk_shape)
+    else:
+        _place_trimmed_grid(view, chunks, SubPlan(parts), spec.chunk_shape)
 
 
 #: one thread per element of the block: which chunk of the grid and where in it (C order), in one pass
@@ -166,15 +186,6 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     threads = 256
     blocks = max(1, min((total + threads - 1) // threads, 1 << 16))
     kernel((blocks,), (threads,), (chunks, out, np.int64(total), np.int32(nd), dims, np.int64(chunks.strides[0] // item)))
-
-
-def _whole_chunk_grid(plan: Plan, chunk_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> bool:
-    """Whether the plan is a full grid of whole chunks tiling the output (the usual aligned block)."""
-    return all(
-        s.start == 0 and s.stop == c and s.step in (None, 1)
-        for part in plan.parts
-        for s, c in zip(part.chunk_sel, chunk_shape)
-    ) and all(o % c == 0 for o, c in zip(out_shape, chunk_shape))
 
 
 def _place_grid(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int, ...]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import math
+import types
 import os
 import subprocess
 import sys
@@ -68,14 +69,21 @@ def test_spec_defaults_and_formula():
     assert s.gpuzarr_read_block == 10_000_000
     assert s.reserved_mem == 10_000_000  # CPU: 1.0 x the read block (compressed bytes, ratio 1)
     assert isinstance(s.executor, gc.ThreadsExecutor)
-    # the GPU formula, computed without a GPU: nvCOMP's zstd scratch (3.05 bytes per decoded byte, measured)
-    # for the largest read block whose projection, reserved + 4 x the block, fits allowed_mem
-    from gpuzarr_dist.cubed.memory import default_read_block
+    # the GPU formula, computed without a GPU: nvCOMP's zstd scratch (3.05 bytes per decoded byte of a call,
+    # measured) for a call of half the block, for the largest read block whose projection, reserved + 4 x the
+    # block, fits allowed_mem
+    from gpuzarr_dist.cubed.memory import decode_limit, default_read_block
 
     rb = default_read_block(80_000_000, "gpu")
-    assert rb == 11_347_517  # 80 MB / 7.05
+    assert rb == 14_479_638  # 80 MB / 5.525
     reserved = gc.default_reserved_mem(80_000_000, "gpu")
-    assert reserved == math.ceil(3.05 * rb) + (2 << 20)
+    assert reserved == math.ceil(1.525 * rb) + (2 << 20)
+    # the GPU reads decode half a read block per nvCOMP call at most, whose scratch is what reserved_mem holds
+    spec = types.SimpleNamespace(gpuzarr_read_block=rb, allowed_mem=80_000_000, reserved_mem=reserved)
+    assert decode_limit(spec, "gpu") == math.ceil(rb / 2) and 3.05 * decode_limit(spec, "gpu") <= reserved
+    assert decode_limit(spec, "cpu") is None
+    plain = types.SimpleNamespace(allowed_mem=80_000_000, reserved_mem=20_000_000)  # a cubed.Spec of the user's
+    assert decode_limit(plain, "gpu") == 7_500_000  # half of what cubed's projection leaves a block
     assert reserved + 4 * rb <= 80_000_000 + (2 << 20)  # the pool slack is the only overshoot, and the block
     assert default_read_block(80_000_000, "cpu") == 10_000_000  # shrinks by it (from_zarr_gpu's budget)
 
@@ -545,12 +553,12 @@ def test_bench_cubed_check_flags_nan_and_drops_the_output(tmp_path):
 
 
 def test_bench_cubed_checks_every_block_of_the_benchmark_array():
-    """The checked steps reach every block of 2400 steps cut into 5 to 300 blocks (blocks of 8 or more steps)."""
+    """The checked steps reach every block of 2400 steps cut into 4 to 300 blocks (blocks of 8 or more steps)."""
     from gpuzarr_dist.bench import cubed as bc
 
     steps = bc.checked_steps(2400)
     assert steps[0] == 0 and steps[-1] == 2399 and 1200 in steps
-    for block in (480, 448, 400, 120, 80):
+    for block in (600, 480, 448, 400, 120, 80):
         assert {t // block for t in steps} == set(range(-(-2400 // block)))
 
 

@@ -86,3 +86,43 @@ def test_shards_at_the_array_edge(tmp_path, monkeypatch):
     assert_same(x.compute().get(), reference(path))
     assert_same(x[2:7, 3:20, 5:31].compute().get(), data[2:7, 3:20, 5:31])
     assert fallback[0] == 0
+
+
+@pytest.mark.parametrize("sel, shards, which", [
+    (np.s_[:, :, :], None, "all"),  # aligned whole grid: slabs of whole chunks
+    (np.s_[3:19, 5:44, 2:27], None, "all"),  # starts inside chunks, ends at the edges: trimmed slabs
+    (np.s_[:, :, :], (8, 16, 12), "all"),  # sharded: slabs of inner chunks
+    (np.s_[:, :, :], None, "some"),  # missing chunks: one call, the fill value placed
+])
+def test_reads_decoded_in_slabs_equal_zarr_python(tmp_path, monkeypatch, sel, shards, which):
+    """``BlockReader.decode_bytes`` (the Cubed variant's bound on one nvCOMP call): a block decoded slab by
+    slab, each whole rows of its chunk grid, equals zarr-python's reading; one call where it cannot be cut."""
+    import gpuzarr_dist.reader_gpu as rg
+    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.stores.source import open_source
+
+    path = str(tmp_path / "a.zarr")
+    data = make_data("f4", SHAPE, seed=11, specials=False)
+    write_array(path, data, CHUNKS, compressors=[zc.ZstdCodec(level=1)], which=which, fill_value=-3.0,
+                **({"shards": shards} if shards else {}))
+    expected = reference(path)
+    calls = []
+    real = rg.decode_batch_gpu
+
+    def counted(pipeline, host, offsets, sizes, keys, stream):
+        calls.append(len(keys))
+        return real(pipeline, host, offsets, sizes, keys, stream)
+
+    monkeypatch.setattr(rg, "decode_batch_gpu", counted)
+    store, spec = open_source(path)
+    chunk_bytes = 4 * 8 * 6 * 4
+    limit = 3 * 30 * chunk_bytes  # 3 rows of the 5 x 6 x 5 grid of (4, 8, 6) float32 chunks
+    reader = BlockReader(store, spec, "gpu", decode_bytes=limit)
+    assert_same(reader[sel].get(), expected[sel])
+    if which == "some":
+        assert len(calls) == 1
+    else:
+        assert len(calls) == 2 and all(n * chunk_bytes <= limit for n in calls)  # 5 rows: 3 and 2
+    calls.clear()
+    assert_same(BlockReader(store, spec, "gpu")[sel].get(), expected[sel])
+    assert len(calls) == 1  # no limit: one call

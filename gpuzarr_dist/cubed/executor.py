@@ -33,6 +33,7 @@ from cubed.runtime.types import DagExecutor
 
 from ..runtime.device import resolve_device
 from .backend import check_backend, loaded, worker_check
+from .memory import decode_limit
 from .storage import prepare_process, wrap_config
 from .tasks import run_task, run_task_payload
 
@@ -188,7 +189,7 @@ class ThreadsExecutor(DagExecutor):
             for name, node in _operations(dag):
                 _notify(callbacks, "on_operation_start", _event("OperationStartEvent", name=name))
                 pipeline = node["pipeline"]
-                config = wrap_config(pipeline.config, dev)
+                config = wrap_config(pipeline.config, dev, decode_limit(spec, dev))
                 created = time.time()
                 items = iter(pipeline.mappable)
                 pending: dict[Future, Any] = {}
@@ -312,8 +313,8 @@ class DistributedExecutor(DagExecutor):
             _notify(callbacks, "on_operation_start", _event("OperationStartEvent", name=name))
             pipeline = node["pipeline"]
             # cubed's configs hold local closures: cloudpickle them once, send the bytes to workers once
-            payload = cloudpickle.dumps((pipeline.function, wrap_config(pipeline.config, dev), dev, self.measure,
-                                         self.retries))
+            payload = cloudpickle.dumps((pipeline.function, wrap_config(pipeline.config, dev, decode_limit(spec, dev)),
+                                         dev, self.measure, self.retries))
             [scattered] = client.scatter([payload], hash=False)
             created = time.time()
             items = iter(enumerate(pipeline.mappable))

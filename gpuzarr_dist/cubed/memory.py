@@ -5,22 +5,30 @@ an input chunk of ``B`` bytes as ``reserved_mem`` + ``B`` (its read buffer:
 here the compressed bytes on the device, at most ``B`` for incompressible
 data) + ``B`` (the array) + 2 x its output chunk. What cubed does not see is
 the decoder's workspace, so it goes into ``reserved_mem``: nvCOMP's zstd
-scratch space, 3.05 bytes per decoded byte (``nvcompBatchedZstdDecompressGetTempSize``
-on an H200, nvCOMP 6.0, for 8 to 4096 frames of 256 KiB and 8 to 256 of
-2 MB: the same ratio). A GPU read holds the compressed bytes (at most ``B``),
-the decoded chunks (``B``), the block (``B``) and the scratch at once: at
-most ``6.05 B``, within the projection ``reserved_mem + 4 B = 7.05 B``
-(measured: 5.85 B, compressed ratio 1.25).
+scratch space, 3.05 bytes per decoded byte of one call
+(``nvcompBatchedZstdDecompressGetTempSize`` on an H200, nvCOMP 6.0, for 8 to
+4096 frames of 256 KiB and 8 to 256 of 2 MB: the same ratio). A GPU read
+decodes its block in :data:`DECODE_SPLIT` calls, slabs of its chunk grid of
+at most ``read_block / 2`` decoded bytes each (:func:`decode_limit`,
+``BlockReader.decode_bytes``), so it holds the compressed bytes (at most
+``B``), the block (``B``), one slab's decoded chunks (``B / 2``) and its
+scratch (``1.525 B``) at once: at most ``4.03 B``, within the projection
+``reserved_mem + 4 B = 5.525 B``.
 
     reserved_mem = WORKSPACE[device] * read_block + POOL_SLACK[device]
-    WORKSPACE = {"gpu": 3.05 (zstd scratch), "cpu": 1.0 (compressed bytes)}
-    read_block  = allowed_mem / (4 + 3.05) on the GPU, allowed_mem // 8 on the CPU, unless given
+    WORKSPACE = {"gpu": 3.05 / 2 (zstd scratch of a half-block call), "cpu": 1.0 (compressed bytes)}
+    read_block  = allowed_mem / (4 + 1.525) on the GPU, allowed_mem // 8 on the CPU, unless given
 
 and ``from_zarr_gpu`` reads blocks of at most ``min(read_block, (allowed_mem -
-reserved_mem) / 4)`` bytes (0.141 x allowed_mem on the GPU, 0.125 x on the CPU),
+reserved_mem) / 4)`` bytes (0.181 x allowed_mem on the GPU, 0.125 x on the CPU),
 split evenly along the axis that is split, so cubed's projection fits
-``allowed_mem``. (Until session 18 the GPU's workspace was 4.2, a compressed
-copy counted a second time, and blocks were 0.119 x allowed_mem.)
+``allowed_mem``. History: until session 18 the GPU's workspace was 4.2 (a
+compressed copy counted a second time; blocks of 0.119 x allowed_mem); in
+session 18 3.05, one decode call per block (0.141 x); from session 19 two
+calls (0.181 x). Why two calls: the benchmark's 2400 steps then read in 4
+blocks along time, not 5, and cubed's mean (``split_every`` 4) combines them
+in the operation that reads them instead of a second one (16 tasks, 0.16 s of
+a 0.95 s mean on an H200, session 19).
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
@@ -45,10 +53,26 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-WORKSPACE = {"gpu": 3.05, "cpu": 1.0}
+#: nvCOMP's zstd decode scratch per decoded byte (H200, nvCOMP 6.0; the same for 8 to 4096 frames)
+ZSTD_SCRATCH = 3.05
+#: a GPU read decodes its block in calls of at most 1 / this of the read block (rows of its chunk grid)
+DECODE_SPLIT = 2
+WORKSPACE = {"gpu": ZSTD_SCRATCH / DECODE_SPLIT, "cpu": 1.0}
 POOL_SLACK = {"gpu": 2 << 20, "cpu": 0}  # CuPy pool rounding (512-byte units, 1 MiB staging round-up) and kernels
 #: allowed_mem / read_block: on the GPU the largest block cubed's projection (reserved + 4 x the block) allows
 READ_BLOCK_FRACTION = {"gpu": 4 + WORKSPACE["gpu"], "cpu": 8}
+
+
+def decode_limit(spec: Any, device: str) -> int | None:
+    """Decoded bytes a GPU read may decode in one nvCOMP call under ``spec`` (``None`` on the CPU): the read
+    block (``spec()``'s ``read_block``, else what cubed's projection leaves a block) / :data:`DECODE_SPLIT`."""
+    if device != "gpu" or spec is None:
+        return None
+    rb = getattr(spec, "gpuzarr_read_block", None)
+    if not rb:
+        allowed, reserved = int(getattr(spec, "allowed_mem", 0) or 0), int(getattr(spec, "reserved_mem", 0) or 0)
+        rb = (allowed - reserved) // 4 if allowed > reserved else None
+    return max(1, math.ceil(rb / DECODE_SPLIT)) if rb else None
 
 
 def default_read_block(allowed_mem: int, device: str = "cpu") -> int:

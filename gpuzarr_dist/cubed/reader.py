@@ -13,7 +13,7 @@ from ..graph import auto_block_shape
 from ..reader import BlockReader
 from ..stores.source import open_source
 from .backend import use_backend
-from .memory import min_allowed
+from .memory import decode_limit, min_allowed
 from .spec import choose_device
 from .storage import add_io
 
@@ -67,8 +67,8 @@ def from_zarr_gpu(
 
         spec = spec_from_config(cubed.config)
     store, aspec = open_source(source, component, storage_options)
-    reader = BlockReader(store, aspec, dev)
     data, target = _budget(spec, dev)
+    reader = BlockReader(store, aspec, dev, decode_bytes=decode_limit(spec, dev))
     unit = aspec.read_unit
     item = aspec.dtype.itemsize
     unit_bytes = math.prod(min(u, max(n, 1)) for u, n in zip(unit, aspec.shape)) * item

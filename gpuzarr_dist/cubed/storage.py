@@ -159,9 +159,10 @@ def _warn_once(what: str, message: str) -> None:
 class IntermediateArray:
     """A cubed intermediate Zarr array: reads and writes through gpuzarr-dist's batched read and write paths."""
 
-    def __init__(self, zarray: Any, device: str):
+    def __init__(self, zarray: Any, device: str, decode_bytes: int | None = None):
         self._zarray = zarray
         self.device = device
+        self.decode_bytes = decode_bytes  # the GPU reader's nvCOMP calls, at most (BlockReader.decode_bytes)
         self.shape = tuple(zarray.shape)
         self.dtype = np.dtype(zarray.dtype)
         self.chunks = tuple(zarray.chunks)
@@ -172,11 +173,11 @@ class IntermediateArray:
         from ..stores.source import open_source
 
         z = self._zarray
-        key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, self.device)
+        key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, self.device, self.decode_bytes)
         r = _readers.get(key)
         if r is None:
             store, spec = open_source(z)
-            r = BlockReader(store, spec, self.device)
+            r = BlockReader(store, spec, self.device, self.decode_bytes)
             with _lock:
                 if len(_readers) > 256:
                     _readers.clear()
@@ -258,9 +259,10 @@ class IntermediateGroup:
     re-reads the mean's last partials for each of its blocks).
     """
 
-    def __init__(self, group: Any, device: str):
+    def __init__(self, group: Any, device: str, decode_bytes: int | None = None):
         self._group = group
         self.device = device
+        self.decode_bytes = decode_bytes
         self._fields: dict[str, IntermediateArray] = {}
         self.shape = tuple(getattr(group, "shape", ()) or ())
         self.dtype = getattr(group, "dtype", None)
@@ -269,7 +271,8 @@ class IntermediateGroup:
     def field(self, name: str) -> "IntermediateArray":
         a = self._fields.get(name)
         if a is None:
-            a = self._fields[name] = IntermediateArray(dict.__getitem__(self._group, name), self.device)
+            a = self._fields[name] = IntermediateArray(dict.__getitem__(self._group, name), self.device,
+                                                       self.decode_bytes)
         return a
 
     def __getitem__(self, key: Any) -> Any:
@@ -304,11 +307,12 @@ class IntermediateProxy:
     ``create-arrays`` operation) and their metadata does not change while the operation runs.
     """
 
-    def __init__(self, proxy: Any, device: str):
+    def __init__(self, proxy: Any, device: str, decode_bytes: int | None = None):
         self.array = proxy.array
         self.chunks = proxy.chunks
         self._proxy = proxy
         self.device = device
+        self.decode_bytes = decode_bytes
         self._opened: Any = None
 
     def open(self) -> Any:
@@ -316,11 +320,11 @@ class IntermediateProxy:
         if opened is None:
             z = self._proxy.open()
             if _is_group(z):
-                opened = IntermediateGroup(z, self.device)
+                opened = IntermediateGroup(z, self.device, self.decode_bytes)
             elif np.dtype(getattr(z, "dtype", None) or "V1").fields is not None or isinstance(z, dict):
                 opened = z  # a structured array some other storage backend opened: cubed's own handling
             else:
-                opened = IntermediateArray(z, self.device)
+                opened = IntermediateArray(z, self.device, self.decode_bytes)
             self._opened = opened
         return opened
 
@@ -348,12 +352,14 @@ def _wrappable(proxy: Any) -> bool:
     return dtype.kind in "biufc"
 
 
-def wrap_config(config: Any, device: str) -> Any:
-    """A copy of a cubed ``BlockwiseSpec`` whose Zarr read/write proxies go through :class:`IntermediateArray`."""
+def wrap_config(config: Any, device: str, decode_bytes: int | None = None) -> Any:
+    """A copy of a cubed ``BlockwiseSpec`` whose Zarr read/write proxies go through :class:`IntermediateArray`
+    (GPU reads decoded in nvCOMP calls of at most ``decode_bytes``: :func:`.memory.decode_limit`)."""
     if config is None or not dataclasses.is_dataclass(config):
         return config
     if not hasattr(config, "reads_map") or not hasattr(config, "writes_map"):
         return config
-    reads = {k: IntermediateProxy(p, device) if _wrappable(p) else p for k, p in config.reads_map.items()}
-    writes = {k: IntermediateProxy(p, device) if _wrappable(p) else p for k, p in config.writes_map.items()}
+    reads = {k: IntermediateProxy(p, device, decode_bytes) if _wrappable(p) else p for k, p in config.reads_map.items()}
+    writes = {k: IntermediateProxy(p, device, decode_bytes) if _wrappable(p) else p
+              for k, p in config.writes_map.items()}
     return dataclasses.replace(config, reads_map=reads, writes_map=writes)

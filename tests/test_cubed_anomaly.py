@@ -9,6 +9,8 @@ Results are compared with numpy on zarr-python's read; memory with the tracemall
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -237,6 +239,25 @@ def test_to_zarr_writes_whole_chunk_batches_that_zarr_reads(series, tmp_path):
     z = gc.to_zarr(x, out, overwrite=True, codec="gzip", optimize_function=gc.optimize_dag)
     np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], ref)
     assert tuple(z.chunks) == block
+
+
+def test_to_zarr_computes_a_broadcast_mean_once_by_default(series, tmp_path):
+    """gc.to_zarr optimises with gc.optimize_dag unless told otherwise: the mean is written once and read per
+    subtract task, where cubed's fusion recombines the mean's partial sums in every subtract task."""
+    path, ref, allowed = series
+    s = gc.spec(allowed, str(tmp_path / "work"), device="cpu")
+    x = gc.from_zarr_gpu(path, spec=s)
+    expect = ref - ref.astype("f8").mean(0)
+    read = {}
+    for name, kwargs in (("ours", {}), ("cubed", {"optimize_function": None})):
+        ev = gc.OpTimings()
+        out = str(tmp_path / f"{name}.zarr")
+        gc.to_zarr(x - xp.mean(x, axis=0), out, callbacks=[ev], **kwargs)
+        np.testing.assert_allclose(reference(out), expect, rtol=1e-5, atol=1e-5)
+        read[name] = sum(r["read_bytes"] for r in ev.rows())
+        if name == "ours":  # the mean (ref.shape[1:]) is an operation's output of its own
+            assert any(r["tasks"] and r["write_bytes"] == math.prod(ref.shape[1:]) * 4 for r in ev.rows()), ev.rows()
+    assert read["ours"] < read["cubed"], read
 
 
 def test_to_zarr_refuses_chunks_across_blocks(series, tmp_path):

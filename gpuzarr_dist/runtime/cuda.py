@@ -42,12 +42,7 @@ def thread_stream() -> cupy.cuda.Stream:
 
     Also applies ``gpuzarr.gpu.sync-wait`` to the current GPU when it changed (:func:`apply_sync_wait`).
     """
-    s = getattr(_local, "stream", None)
-    if s is None:
-        s = cupy.cuda.Stream(non_blocking=True)
-        _local.stream = s
-        with _keep_lock:
-            _keep.append(s)
+    s = _kept_stream("stream")
     if cupy.cuda.get_current_stream() is not s:
         s.use()
     apply_sync_wait()  # after the stream: the GPU's context is current in this thread by now
@@ -82,10 +77,15 @@ def on_stream(stream: cupy.cuda.Stream) -> Iterator[cupy.cuda.Stream]:
 def thread_side_stream() -> cupy.cuda.Stream:
     """This thread's second CUDA stream, for work that runs beside the thread's own stream's (forked and
     joined with events by the caller); created once, kept for the life of the process like the first."""
-    s = getattr(_local, "side", None)
+    return _kept_stream("side")
+
+
+def _kept_stream(name: str) -> cupy.cuda.Stream:
+    """This thread's non-blocking stream ``name``, made on first use and kept for the life of the process."""
+    s = getattr(_local, name, None)
     if s is None:
         s = cupy.cuda.Stream(non_blocking=True)
-        _local.side = s
+        setattr(_local, name, s)
         with _keep_lock:
             _keep.append(s)
     return s

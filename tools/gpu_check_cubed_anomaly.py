@@ -17,10 +17,15 @@ findings on an H200, 8 threads, 2400 steps of (8, 181, 360) chunks:
 - clean when every block read was followed by a reduction on it
   (``--verify``; the extra synchronisation hid it).
 
-The cause is not found. This script is the check to rerun after any change
-to the GPU read's allocations, streams or pools: it prints the wrong
-elements in 30 steps spread over the array, per run (all must be 0), and
-exits 1 otherwise.
+The cause, found in session 19: CuPy's ``with stream:`` restores on exit the
+top of a stack that ``Stream.use()`` (how ``thread_stream`` made a thread's
+stream current) never pushes, so after the first decode every reading thread
+was on the legacy null stream, unordered with our non-blocking streams; the
+placement and the user's kernels ran there. Fixed by ``runtime.cuda.on_stream``
+(ad16ba5): with the block allocated after the decode, 0 of 5 runs wrong (3 of 4
+before). This script is the check to rerun after any change to the GPU read's
+allocations, streams or pools: it prints the wrong elements in 30 steps
+spread over the array, per run (all must be 0), and exits 1 otherwise.
 
     python3 tools/gpu_check_cubed_anomaly.py [--path /tmp/cb] [--steps 2400] [--runs 3] [--threads 8]
         [--chunks 480] [--local-reads threads] [--verify] [--device cpu]

@@ -50,10 +50,11 @@ def from_zarr_gpu(
 
     Blocks are whole multiples of the Zarr chunks (or shards), as big as the
     spec's budget allows, split evenly along the axis where they are split:
-    at most ``read_block`` bytes (``allowed_mem / 7.05`` on the GPU by
+    at most ``read_block`` bytes (``allowed_mem / 5.525`` on the GPU by
     default, see :func:`gpuzarr_dist.cubed.spec`) and at most
     ``(allowed_mem - reserved_mem) / 4``, so cubed's projected memory for the
-    read task fits ``allowed_mem``. Raises :class:`MemoryBudgetError` when even
+    read task fits ``allowed_mem``. On the GPU each block is decoded in nvCOMP
+    calls of at most half a read block (:func:`.memory.decode_limit`). Raises :class:`MemoryBudgetError` when even
     one chunk does not fit. ``source``, ``component`` and ``storage_options``
     are as for :func:`gpuzarr_dist.from_zarr_gpu`; ``device`` defaults to the spec's.
     """

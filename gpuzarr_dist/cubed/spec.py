@@ -85,14 +85,15 @@ def spec(
     reserved_mem
         Memory per task that is not array data. Default: the decoders' and
         pools' workspace for read blocks of ``read_block`` bytes,
-        ``3.05 * read_block + 2 MiB`` on the GPU (nvCOMP's zstd scratch, 3.05
-        bytes per decoded byte; cubed counts the compressed bytes as the
-        block's read buffer) and ``1.0 * read_block`` on the CPU.
+        ``1.525 * read_block + 2 MiB`` on the GPU (nvCOMP's zstd scratch, 3.05
+        bytes per decoded byte of a call, for calls of half a read block: see
+        :mod:`gpuzarr_dist.cubed.memory`; cubed counts the compressed bytes as
+        the block's read buffer) and ``1.0 * read_block`` on the CPU.
     executor
         Default: :class:`~gpuzarr_dist.cubed.ThreadsExecutor` on the device.
     read_block
         Decompressed size of the blocks :func:`from_zarr_gpu` reads; default
-        ``allowed_mem / 7.05`` on the GPU (the largest cubed's projection of a
+        ``allowed_mem / 5.525`` on the GPU (the largest cubed's projection of a
         read, ``reserved_mem`` + 4 x the block, allows), ``allowed_mem // 8`` on the CPU.
     intermediate_store, storage_options
         As for ``cubed.Spec``.

@@ -54,8 +54,8 @@ def from_zarr_gpu(
     default, see :func:`gpuzarr_dist.cubed.spec`) and at most
     ``(allowed_mem - reserved_mem) / 4``, so cubed's projected memory for the
     read task fits ``allowed_mem``. On the GPU each block is decoded in nvCOMP
-    calls of at most half a read block (:func:`.memory.decode_limit`). Raises :class:`MemoryBudgetError` when even
-    one chunk does not fit. ``source``, ``component`` and ``storage_options``
+    calls of at most half a read block (:func:`.memory.decode_limit`). Raises
+    :class:`MemoryBudgetError` when even one chunk does not fit. ``source``, ``component`` and ``storage_options``
     are as for :func:`gpuzarr_dist.from_zarr_gpu`; ``device`` defaults to the spec's.
     """
     dev = device or getattr(spec, "gpuzarr_device", None) or "auto"

@@ -80,7 +80,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         slabs = grid_slabs(plan, spec, out.shape, getattr(reader, "decode_bytes", None)) if len(present) == len(sizes) else None
         if slabs is not None:  # rows of the chunk grid decoded and placed one slab after another
             for lo, hi in slabs:
-                _read_slab(pipeline, plan, spec, out, host, offsets[lo:hi], sizes[lo:hi], keys[lo:hi], lo, hi, stream)
+                _read_slab(pipeline, plan, spec, out, host, offsets, sizes, keys, lo, hi, stream)
             timed("H2D + decode")
         elif present:
             chunks = decode_batch_gpu(
@@ -92,11 +92,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 stream,
             )
             timed("H2D + decode")
-            if len(present) == len(plan.parts) and whole_chunk_grid(plan, spec.chunk_shape, out.shape):
-                _place_grid(out, chunks, spec.chunk_shape)
-            elif len(present) == len(plan.parts) and out.ndim == len(spec.chunk_shape) and unit_step_grid(plan):
-                _place_trimmed_grid(out, chunks, plan, spec.chunk_shape)
-            else:
+            if len(present) != len(plan.parts) or not _place_parts(out, chunks, plan.parts, spec.chunk_shape):
                 for j, i in enumerate(present):
                     part = plan.parts[i]
                     out[part.out_sel] = chunks[j][part.chunk_sel]
@@ -108,8 +104,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     return out
 
 
-def _read_slab(pipeline, plan: Plan, spec, out: cupy.ndarray, host, offsets, sizes, keys, lo: int, hi: int,
-               stream: cupy.cuda.Stream) -> None:
+def _read_slab(pipeline, plan: Plan, spec, out: cupy.ndarray, host, offsets: list[int], sizes: list[int],
+               keys: list[str], lo: int, hi: int, stream: cupy.cuda.Stream) -> None:
     """Decode parts ``lo:hi`` of ``plan`` (whole grid rows, see :func:`.assemble.grid_slabs`) and place them into ``out``.
 
     The slab's stored bytes are copied up from where they lie in ``host``
@@ -118,14 +114,24 @@ def _read_slab(pipeline, plan: Plan, spec, out: cupy.ndarray, host, offsets, siz
     thread stream's pool, before the next slab allocates its own: the next
     slab's work is queued behind this one's placement on the same stream.
     """
-    base = offsets[0] // ALIGN * ALIGN
-    chunks = decode_batch_gpu(pipeline, host[base:], [o - base for o in offsets], sizes, keys, stream)
+    base = offsets[lo] // ALIGN * ALIGN
+    chunks = decode_batch_gpu(pipeline, host[base:], [o - base for o in offsets[lo:hi]], sizes[lo:hi], keys[lo:hi],
+                              stream)
     parts = plan.parts[lo:hi]
-    view = out[parts[0].out_sel[0].start : parts[-1].out_sel[0].stop]
-    if whole_chunk_grid(SubPlan(parts), spec.chunk_shape, view.shape):
-        _place_grid(view, chunks, spec.chunk_shape)
+    _place_parts(out[parts[0].out_sel[0].start : parts[-1].out_sel[0].stop], chunks, parts, spec.chunk_shape)
+
+
+def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, parts: tuple, chunk_shape: tuple[int, ...]) -> bool:
+    """Place decoded ``chunks`` of ``parts``, a C-ordered grid, into ``out`` with one kernel: whole chunks tiling
+    ``out``, or a grid trimmed at its edges; ``False`` (nothing placed) where ``parts`` are neither."""
+    sub = SubPlan(parts)
+    if whole_chunk_grid(sub, chunk_shape, out.shape):
+        _place_grid(out, chunks, chunk_shape)
+    elif out.ndim == len(chunk_shape) and unit_step_grid(sub):
+        _place_trimmed_grid(out, chunks, sub, chunk_shape)
     else:
-        _place_trimmed_grid(view, chunks, SubPlan(parts), spec.chunk_shape)
+        return False
+    return True
 
 
 #: one thread per element of the block: which chunk of the grid and where in it (C order), in one pass

@@ -117,10 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
         b.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
         b.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")
         if name == "shards":
-            b.add_argument("--windows", metavar="N", type=_positive_int, help="random windows to read (default 2048)")
-            b.add_argument("--batch", metavar="N", type=_positive_int, help="windows per WindowSampler call (default 64)")
+            b.add_argument("--windows", metavar="N", type=_positive_int,
+                           help="random windows each row reads (default 8192; at least --batch)")
+            b.add_argument("--batch", metavar="N", type=_positive_int,
+                           help="the most windows per WindowSampler call (default 2048); rows also at an eighth and a "
+                                "half of it, and tensorstore with as many reads in flight")
             b.add_argument("--in-flight", metavar="N", type=_positive_int,
-                           help="WindowSampler.batches calls in flight, and tensorstore with as many windows (default 4)")
+                           help="WindowSampler.batches: --batch windows in flight as this many calls (default 2)")
         if name == "remote":
             b.add_argument("--server", choices=("process", "thread"), default="process",
                            help="moto's server in its own process (default) or in threads of this one")

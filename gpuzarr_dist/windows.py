@@ -219,44 +219,23 @@ def sample_windows(source: Any, starts: Any, window: Sequence[int], component: s
                          index_cache=0).sample(starts)
 
 
-def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any,
-                 gather: bool | None = None) -> Any:
+def _cut_windows(chunks: Any, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> Any:
     """Windows ``(n, *window)`` out of decoded ``chunks`` (numpy or cupy, ``(m, *chunk_shape)``).
 
     ``idx`` ``(n, *grid)`` names, for each window, the grid of chunks around it
     (``m`` = the fill chunk); ``offsets`` ``(n, ndim)`` where the window starts in
-    the first chunk. On the device every element is gathered at once (one
-    gather for its chunk number, one for its value, and where chunks are
-    missing one more for the fill: a few kernels, not one copy per chunk,
-    and no copy of the decoded chunks); on the host each window copies its
+    the first chunk. On the device one kernel writes every element of every
+    window straight from the decoded chunks
+    (:func:`.windows_gpu.cut_windows_gpu`); on the host each window copies its
     chunks' slices.
-    ``gather=True`` takes the device's way on the host too (for tests).
     """
-    xp = _array_module(chunks)
-    n, nd = idx.shape[0], idx.ndim - 1
-    cshape = tuple(chunks.shape[1:])
-    if n == 0:
-        return xp.empty((0, *window), dtype=chunks.dtype)
-    if xp is np and not gather:
-        return _cut_windows_host(chunks, idx, offsets, window, fill)
-    m = len(chunks)
-    if m == 0:
-        return xp.full((n, *window), fill, dtype=chunks.dtype)
-    q, r = [], []
-    for a in range(nd):
-        pos = np.asarray(offsets[:, a : a + 1]) + np.arange(window[a])[None, :]  # (n, w): position in the chunk grid
-        shape = [n] + [1] * nd
-        shape[a + 1] = window[a]
-        q.append(xp.asarray((pos // cshape[a]).reshape(shape)))
-        r.append(xp.asarray((pos % cshape[a]).reshape(shape)))
-    needs_fill = bool((idx >= m).any())  # on the host: idx is a numpy array
-    grid_idx = xp.asarray(np.minimum(idx, m - 1) if needs_fill else idx)
-    which = grid_idx[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]  # (n, *window) chunk numbers
-    out = chunks[(which, *r)]  # one gather of every element of every window, straight from the decoded chunks
-    if needs_fill:  # elements of missing chunks: one more kernel, no copy of the chunks with a fill chunk appended
-        missing = xp.asarray(idx >= m)[(xp.arange(n).reshape((n,) + (1,) * nd), *q)]
-        out = xp.where(missing, xp.asarray(fill, dtype=chunks.dtype), out)
-    return out
+    if not isinstance(chunks, np.ndarray):
+        from .windows_gpu import cut_windows_gpu
+
+        return cut_windows_gpu(chunks, idx, offsets, window, fill)
+    if idx.shape[0] == 0:
+        return np.empty((0, *window), dtype=chunks.dtype)
+    return _cut_windows_host(chunks, idx, offsets, window, fill)
 
 
 def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...], fill: Any) -> np.ndarray:
@@ -305,14 +284,6 @@ def _unique_rows(rows: np.ndarray, grid: tuple[int, ...]) -> tuple[np.ndarray, n
 def _chunk_keys(spec: Any, coords: np.ndarray) -> list[str]:
     """:meth:`ArraySpec.chunk_key` of each row of ``coords`` (vectorised: :meth:`ArraySpec.chunk_keys`)."""
     return spec.chunk_keys(coords)
-
-
-def _array_module(a: Any) -> Any:
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
 
 
 __all__ = ["WindowSampler", "sample_windows"]

@@ -1,4 +1,5 @@
-"""The GPU half of :mod:`gpuzarr_dist.windows`: chunk keys -> pinned staging -> one copy -> one nvCOMP call.
+"""The GPU half of :mod:`gpuzarr_dist.windows`: chunk keys -> pinned staging -> one copy -> one nvCOMP call,
+then one kernel that cuts the windows out of the decoded chunks.
 
 Only imported on the GPU path (imports cupy). The same steps as
 :func:`gpuzarr_dist.reader_gpu.read_plan_gpu`, for an arbitrary set of chunk
@@ -47,3 +48,53 @@ def decode_keys_gpu(reader: "BlockReader", keys: list[str]) -> tuple[Any, list[i
     chunks = chunks.reshape((len(present), *spec.chunk_shape))
     stream.synchronize()
     return chunks, present
+
+
+#: one thread per element of the windows: which window, where in it, so which chunk of the window's grid and
+#: where in that chunk (C order); the fill value where the grid names no decoded chunk (``k == m``)
+_CUT_SOURCE = r"""
+long long w = i / wsize, rem = i % wsize;
+long long g = 0, c = 0, gmul = 1, cmul = 1;
+for (int a = nd - 1; a >= 0; --a) {
+    const long long wa = dims[a], ca = dims[nd + a], ga = dims[2 * nd + a];
+    const long long o = offsets[w * nd + a] + rem % wa;
+    rem /= wa;
+    g += (o / ca) * gmul;
+    gmul *= ga;
+    c += (o % ca) * cmul;
+    cmul *= ca;
+}
+const long long k = idx[w * gsize + g];
+out = k < m ? chunks[k * csize + c] : fill;
+"""
+
+_cut_kernel: list[Any] = []
+
+
+def cut_windows_gpu(chunks: cupy.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...],
+                    fill: Any) -> cupy.ndarray:
+    """:func:`gpuzarr_dist.windows._cut_windows` on the device: one kernel, on the current stream.
+
+    Each element of the ``(n, *window)`` result is read once from the decoded
+    chunks: no index arrays the size of the result (CuPy's advanced indexing
+    made several, and took 10 ms for 1024 windows of (4, 128, 128) on an H200).
+    """
+    n, nd = idx.shape[0], idx.ndim - 1
+    out = cupy.empty((n, *window), dtype=chunks.dtype)
+    if out.size == 0:
+        return out
+    if not _cut_kernel:
+        _cut_kernel.append(cupy.ElementwiseKernel(
+            "raw T chunks, raw int64 idx, raw int64 offsets, raw int64 dims, int32 nd, int64 wsize, int64 gsize, "
+            "int64 csize, int64 m, T fill", "T out", _CUT_SOURCE, "gpuzarr_cut_windows"))
+    cshape, grid = tuple(chunks.shape[1:]), tuple(idx.shape[1:])
+    dims = np.array([*window, *cshape, *grid], dtype=np.int64)
+    tables = cupy.asarray(np.concatenate([dims, np.asarray(offsets, dtype=np.int64).reshape(-1),
+                                          np.asarray(idx, dtype=np.int64).reshape(-1)]))  # one copy up
+    k = len(dims) + n * nd
+    m = len(chunks)
+    flat = cupy.ascontiguousarray(chunks).reshape(-1) if m else cupy.empty(1, dtype=chunks.dtype)
+    _cut_kernel[0](flat, tables[k:], tables[len(dims) : k], tables[: len(dims)], np.int32(nd),
+                   np.int64(np.prod(window)), np.int64(np.prod(grid)), np.int64(np.prod(cshape)), np.int64(m),
+                   chunks.dtype.type(fill), out)
+    return out

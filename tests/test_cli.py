@@ -249,10 +249,14 @@ def test_bench_shards_quick(tmp_path, capsys):
                  "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "unsharded rate" in out and "windows/s" in out and "tensorstore" in out and "zarr-python" in out
-    assert "WindowSampler.batches, 2 calls in flight" in out
+    for size in (4, 16, 32):  # --quick: calls of an eighth, a half and all of 32 windows
+        assert f"WindowSampler, {size} windows per call" in out
+    assert "WindowSampler.batches, 2 calls of 16 in flight" in out and "/ zarr-python" in out
     assert (tmp_path / "bench-shards.json").exists()
-    if "tensorstore, 128 reads in flight" in out:  # tensorstore installed: it gets as many windows in flight
-        assert "128 windows in flight each: WindowSampler.batches / tensorstore" in out
+    if "tensorstore, 32 reads in flight" in out:  # tensorstore installed: it gets as many windows in flight
+        assert "tensorstore with a chunk cache per group, 32 reads in flight" in out
+        assert "32 windows in flight: WindowSampler (32 per call) / tensorstore" in out
+        assert "32 windows in flight as 2 calls: WindowSampler.batches / tensorstore" in out
 
 
 def test_bench_remote_quick(tmp_path, capsys):

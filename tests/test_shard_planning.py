@@ -235,7 +235,7 @@ def test_sampler_store_pickles_without_its_cache(tmp_path):
 
 @pytest.mark.parametrize("case", ["none missing", "some missing", "all missing"])
 def test_window_gather_without_a_fill_chunk(case):
-    """The device's gather (run with numpy) with no, some and only missing chunks, against a numpy cut."""
+    """The host cut with no, some and only missing chunks, against a numpy cut (the device's kernel: test_windows)."""
     from gpuzarr_dist.windows import _cut_windows
 
     rng = np.random.default_rng(11)
@@ -245,7 +245,7 @@ def test_window_gather_without_a_fill_chunk(case):
     chunks = rng.standard_normal((m, *chunk)).astype("float32")
     idx = rng.integers(0, m + (case != "none missing"), size=(n, *grid))
     offsets = np.stack([rng.integers(0, c, size=n) for c in chunk], axis=1)
-    got = _cut_windows(chunks, idx, offsets, window, 7.5, gather=True)
+    got = _cut_windows(chunks, idx, offsets, window, 7.5)
     pool = np.concatenate([chunks, np.full((1, *chunk), 7.5, dtype="float32")])
     for w in range(n):
         mosaic = pool[idx[w]].transpose(0, 3, 1, 4, 2, 5).reshape([g * c for g, c in zip(grid, chunk)])

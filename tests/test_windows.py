@@ -90,27 +90,41 @@ def test_bad_windows_are_refused(tmp_path):
     assert _host(s.sample(np.zeros((0, 2), dtype=int))).shape == (0, 2, 2)
 
 
-def test_device_gather_matches_host_copies():
-    """The gather the GPU uses, run with numpy, against the host's slice copies and a direct numpy cut."""
+@pytest.mark.parametrize("case", ["none missing", "some missing", "all missing"])
+@pytest.mark.parametrize("dtype, chunk, window", [("float32", (2, 5, 7), (3, 9, 4)), ("int16", (4, 3), (5, 8)),
+                                                  ("uint8", (2, 2, 3, 4), (2, 3, 5, 4)), ("float64", (6,), (13,)),
+                                                  ("bool", (3, 4), (3, 4)), ("complex64", (2, 3, 3), (1, 1, 1))])
+def test_window_cut_matches_a_mosaic_of_the_chunks(case, dtype, chunk, window):
+    """The cut (the device's kernel on the GPU, slice copies on the host) with no, some and only missing
+    chunks, for several dtypes and dimensions, against the window cut from a mosaic of its chunk grid."""
     from gpuzarr_dist.windows import _cut_windows
 
     rng = np.random.default_rng(5)
-    chunk, window = (2, 5, 7), (3, 9, 4)
     grid = tuple((w + c - 2) // c + 1 for w, c in zip(window, chunk))
-    n, m = 12, 20
-    chunks = rng.standard_normal((m, *chunk)).astype("float32")
-    idx = rng.integers(0, m + 1, size=(n, *grid))  # m: the fill chunk
+    n, m = 12, (0 if case == "all missing" else 20)
+    chunks = (rng.standard_normal((m, *chunk)) * 50).astype(dtype)
+    idx = rng.integers(0, m + (case != "none missing"), size=(n, *grid))  # m: the fill chunk
     offsets = np.stack([rng.integers(0, c, size=n) for c in chunk], axis=1)
-    host = _cut_windows(chunks, idx, offsets, window, -9.0)
-    gathered = _cut_windows(chunks, idx, offsets, window, -9.0, gather=True)
-    pool = np.concatenate([chunks, np.full((1, *chunk), -9.0, dtype="float32")])
+    fill = np.array(-9).astype(dtype)[()]  # 247 for uint8, True for bool
+    if dev() == "gpu":
+        import cupy
+
+        got = _cut_windows(cupy.asarray(chunks), idx, offsets, window, fill)
+        assert isinstance(got, cupy.ndarray)
+    else:
+        got = _cut_windows(chunks, idx, offsets, window, fill)
+    got = _host(got)
+    assert got.shape == (n, *window) and got.dtype == np.dtype(dtype)
+    pool = np.concatenate([chunks, np.full((1, *chunk), fill, dtype=dtype)])
+    nd = len(chunk)
     for w in range(n):  # tile the window's chunk grid, then cut
         tiles = pool[idx[w]]  # (*grid, *chunk)
-        mosaic = tiles.transpose(0, 3, 1, 4, 2, 5).reshape([g * c for g, c in zip(grid, chunk)])
-        o = offsets[w]
-        expected = mosaic[o[0]:o[0] + window[0], o[1]:o[1] + window[1], o[2]:o[2] + window[2]]
-        np.testing.assert_array_equal(host[w], expected)
-        np.testing.assert_array_equal(gathered[w], expected)
+        order = [a for d in range(nd) for a in (d, nd + d)]
+        mosaic = tiles.transpose(order).reshape([g * c for g, c in zip(grid, chunk)])
+        expected = mosaic[tuple(slice(o, o + s) for o, s in zip(offsets[w], window))]
+        np.testing.assert_array_equal(got[w], expected)
+    assert _host(_cut_windows(chunks[:0] if dev() == "cpu" else __import__("cupy").asarray(chunks[:0]),
+                              idx[:0], offsets[:0], window, fill)).shape == (0, *window)
 
 
 @pytest.mark.parametrize("in_flight", [1, 3])

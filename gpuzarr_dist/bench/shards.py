@@ -23,6 +23,8 @@ import numpy as np
 from .report import Row, format_table, save
 
 OURS = "gpuzarr-dist, sharded 256 KiB inner chunks"
+#: the chunk cache of tensorstore's cached rows: more than a group of windows here decodes (the whole array is 0.8 GB)
+TS_CACHE = 4 << 30
 
 
 def write_variants(root: str, steps: int, nlat: int, nlon: int, shard_t: int) -> dict[str, str]:
@@ -83,57 +85,69 @@ def _best(fn: Callable[[], None], repeat: int) -> float:
     return min(times)
 
 
-def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch: int, seed: int = 0,
-                 in_flight: int = 4) -> tuple[list[tuple[str, float, str]], dict]:
-    """Windows per second for each tool on the same random windows, ``[(name, windows/s, note)]``, and
-    the stage times (:mod:`..stages`) of our timed calls made one at a time.
+def call_sizes(batch: int) -> list[int]:
+    """The windows per call of the one-call-at-a-time rows: an eighth, a half and all of ``batch``."""
+    return sorted({max(1, batch // 8), max(1, batch // 2), batch})
 
-    Ours one call at a time, then through :meth:`WindowSampler.batches` with
-    ``in_flight`` calls at once; tensorstore with one call's windows in flight,
-    then with as many as our ``in_flight`` calls hold (``batch * in_flight``).
+
+def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch: int, seed: int = 0,
+                 in_flight: int = 2) -> tuple[list[tuple[str, float, str]], dict]:
+    """Windows per second for each tool on the same random windows, ``[(name, windows/s, note)]``, and
+    the stage times (:mod:`..stages`) of our timed calls of ``batch`` windows made one at a time.
+
+    Ours one call at a time with each of :func:`call_sizes` windows per call,
+    then ``batch`` windows in flight as :meth:`WindowSampler.batches` of
+    ``in_flight`` calls of ``batch // in_flight``; tensorstore with as many
+    reads in flight as each of our rows has windows in flight, as it opens by
+    default (no chunk cache: each read decodes its own chunks) and with a
+    chunk cache shared by the reads of one group only (a fresh cache pool per
+    group, so a chunk that windows of a group share is decoded once, as our
+    call decodes it once, and nothing carries over from group to group).
     """
     import zarr
 
+    from .. import stages
     from ..windows import WindowSampler
 
     sampler = WindowSampler(path, window, device=device)
+    sizes = call_sizes(batch)
+    n = max(n, batch)
     starts = sampler.random_starts(n, rng=seed)
-    warm = sampler.random_starts(n, rng=seed + 1)  # warm-up windows: the timed ones are read for the first time
     out = []
 
-    def ours(at=starts) -> None:
-        for i in range(0, n, batch):
-            w = sampler.sample(at[i : i + batch])
+    def ours(size: int, at: np.ndarray) -> None:
+        for i in range(0, len(at), size):
+            w = sampler.sample(at[i : i + size])
         float(w[0, 0, 0, 0])
 
-    ours(warm)
-    from .. import stages
-
-    stages.reset()  # the stage table is of the timed calls: the warm-up compiles CuPy's gather kernels
-    stages.enable()
-    t0 = time.perf_counter()
-    ours()
-    t = time.perf_counter() - t0
-    stage_times = stages.snapshot()
-    stages.enable(False)  # the calls in flight below run without the stage timer's synchronisations
-    out.append((f"gpuzarr-dist WindowSampler, {batch} windows per call", n / t,
-                f"{device}; fresh windows, shard-index cache as left by {n} other windows"))
-    if in_flight > 1:
-        fresh = sampler.random_starts(n, rng=seed + 2)  # windows no row has read yet
-
-        def prefetched(at=fresh) -> None:
-            for w in sampler.batches((at[i : i + batch] for i in range(0, len(at), batch)), in_flight=in_flight):
+    stage_times: dict = {}
+    for k, size in enumerate(sizes):
+        ours(size, sampler.random_starts(n, rng=seed + 100 + k))  # warm: gather kernels, staging of this size
+        if size == batch:
+            stages.reset()  # the stage table is of the timed calls of the largest size
+            stages.enable()
+        t0 = time.perf_counter()
+        ours(size, starts)  # read for the first time by this row (each row reads the same windows)
+        t = time.perf_counter() - t0
+        if size == batch:
+            stage_times = stages.snapshot()
+            stages.enable(False)  # the other rows run without the stage timer's synchronisations
+        out.append((f"gpuzarr-dist WindowSampler, {size} windows per call", n / t, f"{device}; {size} windows in flight"))
+    part = batch // in_flight
+    if in_flight > 1 and part >= 1:
+        def prefetched(at: np.ndarray) -> None:
+            for w in sampler.batches((at[i : i + part] for i in range(0, len(at), part)), in_flight=in_flight):
                 pass
             float(w[0, 0, 0, 0])
 
         # warm, as the calls one at a time were: the sampler's threads for this many calls in flight, their
         # streams, and a pinned staging buffer for each call at once (a new one took 100-250 ms to pin)
-        prefetched(sampler.random_starts(batch * in_flight * 2, rng=seed + 3))
+        prefetched(sampler.random_starts(n, rng=seed + 3))
         t0 = time.perf_counter()
-        prefetched()
+        prefetched(starts)
         t = time.perf_counter() - t0
-        out.append((f"gpuzarr-dist WindowSampler.batches, {in_flight} calls in flight", n / t,
-                    f"{batch * in_flight} windows in flight"))
+        out.append((f"gpuzarr-dist WindowSampler.batches, {in_flight} calls of {part} in flight", n / t,
+                    f"{part * in_flight} windows in flight"))
     a = zarr.open_array(path, mode="r")
     m = min(n, 64 if device == "cpu" else 256)
 
@@ -146,19 +160,48 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
     try:
         import tensorstore as ts
     except ImportError:
-        return out
-    arr = ts.open({"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}, read=True).result()
+        return out, stage_times
+    spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": path}}
+    plain = ts.open(spec, read=True).result()
 
-    def tsr(group: int) -> None:
+    def tsr(group: int, cached: bool) -> None:
         for i in range(0, n, group):
+            arr = plain
+            if cached:  # a fresh cache for this group only
+                arr = ts.open(spec, read=True, context=ts.Context({"cache_pool": {"total_bytes_limit": TS_CACHE}})).result()
             futs = [arr[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))].read() for s in starts[i : i + group]]
             for f in futs:
                 f.result()
 
-    for group in dict.fromkeys([batch, batch * in_flight]):
-        t = _best(lambda: tsr(group), 1)
-        out.append((f"tensorstore, {group} reads in flight", n / t, ""))
+    for size in sizes:
+        for cached in (False, True):
+            t = _best(lambda: tsr(size, cached), 1)
+            out.append((f"tensorstore{' with a chunk cache per group' if cached else ''}, {size} reads in flight",
+                        n / t, "" if not cached else "shared decodes within a group"))
     return out, stage_times
+
+
+def window_ratios(rates: list[tuple[str, float, str]], batch: int, in_flight: int) -> list[str]:
+    """Lines comparing our rows with tensorstore's at equal windows in flight, and with zarr-python."""
+    by_name = {name: rate for name, rate, _ in rates}
+    lines = []
+    for size in call_sizes(batch):
+        ours = by_name.get(f"gpuzarr-dist WindowSampler, {size} windows per call")
+        plain = by_name.get(f"tensorstore, {size} reads in flight")
+        cached = by_name.get(f"tensorstore with a chunk cache per group, {size} reads in flight")
+        if ours and plain and cached:
+            target = " (target >= 2)" if size == batch else ""
+            lines.append(f"{size} windows in flight: WindowSampler ({size} per call) / tensorstore {ours / plain:.2f}x{target}; "
+                         f"/ tensorstore with a chunk cache per group {ours / cached:.2f}x")
+    ahead = by_name.get(f"gpuzarr-dist WindowSampler.batches, {in_flight} calls of {batch // in_flight} in flight")
+    plain = by_name.get(f"tensorstore, {batch} reads in flight")
+    if ahead and plain:
+        lines.append(f"{batch} windows in flight as {in_flight} calls: WindowSampler.batches / tensorstore {ahead / plain:.2f}x")
+    ours = by_name.get(f"gpuzarr-dist WindowSampler, {batch} windows per call")
+    zp = by_name.get("zarr-python a[window], one per call")
+    if ours and zp:
+        lines.append(f"WindowSampler ({batch} per call) / zarr-python {ours / zp:.2f}x (target >= 5)")
+    return lines
 
 
 def run(args) -> int:
@@ -171,9 +214,9 @@ def run(args) -> int:
     steps = getattr(args, "time_steps", None) or (8 if quick else (192 if device == "gpu" else 32))
     nlat, nlon = (181, 360) if quick else (721, 1440)
     window = (4, 64, 64) if quick else (4, 128, 128)
-    n_windows = getattr(args, "windows", None) or (128 if quick else 2048)
-    batch = getattr(args, "batch", None) or 64
-    in_flight = getattr(args, "in_flight", None) or 4
+    n_windows = getattr(args, "windows", None) or (128 if quick else 8192)
+    batch = getattr(args, "batch", None) or (32 if quick else 2048)
+    in_flight = getattr(args, "in_flight", None) or 2
     repeat = 1 if quick else 3
     out_dir = getattr(args, "out", None) or "bench-results"
     tmp = None
@@ -207,22 +250,18 @@ def run(args) -> int:
     for r in rows:
         if r is not un:
             print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
-    print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {n_windows} windows")
+    print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {max(n_windows, batch)} windows a row")
     rates, st = window_rates(paths["inner256k"], device, window, n_windows, batch, in_flight=in_flight)
-    print(f"  stages of our window calls, one at a time ({batch} windows per call; the sharded store's stages are "
-          "inside 'read + decode'):")
+    print(f"  stages of our calls of {batch} windows, one at a time (the sharded store's stages are inside "
+          "'read + decode'):")
     print(stages.format_stages(st))
-    print(f"  fairness: tensorstore gets as many reads in flight as our calls hold windows ({batch}, then "
-          f"{batch * in_flight} for {in_flight} calls in flight)")
-    ours = rates[0][1]
+    print("  fairness: tensorstore gets as many reads in flight as each of our rows has windows in flight; "
+          "'with a chunk cache per group' gives it a fresh cache pool per group of reads")
+    ours = next(rate for name, rate, _ in rates if name == f"gpuzarr-dist WindowSampler, {batch} windows per call")
     for name, rate, note in rates:
-        print(f"    {name:<52} {rate:10.1f} windows/s   ours/this {ours / rate:6.2f}   {note}")
-    by_name = {name: rate for name, rate, _ in rates}
-    ahead = by_name.get(f"gpuzarr-dist WindowSampler.batches, {in_flight} calls in flight")
-    ts_ahead = by_name.get(f"tensorstore, {batch * in_flight} reads in flight")
-    if ahead and ts_ahead:
-        print(f"    {batch * in_flight} windows in flight each: WindowSampler.batches / tensorstore "
-              f"{ahead / ts_ahead:.2f}x (target >= 2)")
+        print(f"    {name:<62} {rate:10.1f} windows/s   ours ({batch} per call)/this {ours / rate:6.2f}   {note}")
+    for line in window_ratios(rates, batch, in_flight):
+        print("    " + line)
     wbytes = int(np.prod(window)) * 4
     rows += [Row(name, "warm", 1.0 / rate, wbytes, note=f"{rate:.1f} windows/s") for name, rate, _ in rates]
     meta = {"device": device, "threads": threads, "time_steps": steps, "grid": [nlat, nlon], "window": list(window),

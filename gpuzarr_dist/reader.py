@@ -106,7 +106,7 @@ class BlockReader:
                     out = read_plan_gpu(self, plan)
             except Exception as e:
                 if is_out_of_memory(e) and not isinstance(e, GpuOutOfMemoryError):
-                    raise out_of_memory_error(self.spec.name, plan.out_shape, self.spec.dtype, len(plan.parts), e) from e
+                    raise out_of_memory_error(self.spec.name, plan.out_shape, self.spec.dtype, plan.n_parts, e) from e
                 raise
         else:
             out = self._read_plan_cpu(plan)
@@ -118,9 +118,9 @@ class BlockReader:
         spec = self.spec
         if out is None:
             out = np.empty(plan.out_shape, dtype=spec.dtype)
-        if not plan.parts:
+        if not plan.n_parts:
             return out
-        keys = spec.chunk_keys([p.coords for p in plan.parts])
+        keys = spec.chunk_keys(plan.coords())
         raw = self.store.read_many(keys)
         present = [i for i, b in enumerate(raw) if b is not None]
         for i, b in enumerate(raw):

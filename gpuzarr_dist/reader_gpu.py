@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 import cupy
 import numpy as np
 
-from .assemble import Plan, SubPlan, grid_slabs, unit_step_grid, whole_chunk_grid
+from .assemble import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
 from .config import gpu_read_slot_min_bytes, gpu_read_slots
@@ -46,7 +46,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     spec, pipeline = reader.spec, reader.pipeline
     stream = thread_stream()
     out = cupy.empty(plan.out_shape, dtype=spec.dtype)
-    if not plan.parts:
+    if not plan.n_parts:
         return out
     unsupported = gpu_unsupported(pipeline)
     if unsupported is not None:
@@ -56,7 +56,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         stream.synchronize()
         return out
     timed = stage_timer()
-    keys = spec.chunk_keys([p.coords for p in plan.parts])
+    keys = spec.chunk_keys(plan.coords())
     slots = gpu_read_slots() if getattr(reader.store, "read_turns", False) else 0  # local files; object stores cap requests already
     turn_min = gpu_read_slot_min_bytes()
     with ExitStack() as turn:  # blocks land one after another: each decodes while the next ones read
@@ -92,7 +92,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
                 stream,
             )
             timed("H2D + decode")
-            if len(present) != len(plan.parts) or not _place_parts(out, chunks, plan.parts, spec.chunk_shape):
+            if len(present) != plan.n_parts or not _place_parts(out, chunks, plan, spec.chunk_shape):
                 for j, i in enumerate(present):
                     part = plan.parts[i]
                     out[part.out_sel] = chunks[j][part.chunk_sel]
@@ -117,18 +117,17 @@ def _read_slab(pipeline, plan: Plan, spec, out: cupy.ndarray, host, offsets: lis
     base = offsets[lo] // ALIGN * ALIGN
     chunks = decode_batch_gpu(pipeline, host[base:], [o - base for o in offsets[lo:hi]], sizes[lo:hi], keys[lo:hi],
                               stream)
-    parts = plan.parts[lo:hi]
-    _place_parts(out[parts[0].out_sel[0].start : parts[-1].out_sel[0].stop], chunks, parts, spec.chunk_shape)
+    rows = plan.rows(lo, hi)
+    _place_parts(out[rows.first.out_sel[0].start : rows.last.out_sel[0].stop], chunks, rows, spec.chunk_shape)
 
 
-def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, parts: tuple, chunk_shape: tuple[int, ...]) -> bool:
-    """Place decoded ``chunks`` of ``parts``, a C-ordered grid, into ``out`` with one kernel: whole chunks tiling
-    ``out``, or a grid trimmed at its edges; ``False`` (nothing placed) where ``parts`` are neither."""
-    sub = SubPlan(parts)
-    if whole_chunk_grid(sub, chunk_shape, out.shape):
+def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shape: tuple[int, ...]) -> bool:
+    """Place the decoded ``chunks`` of ``plan``, a C-ordered grid, into ``out`` with one kernel: whole chunks
+    tiling ``out``, or a grid trimmed at its edges; ``False`` (nothing placed) where the plan is neither."""
+    if whole_chunk_grid(plan, chunk_shape, out.shape):
         _place_grid(out, chunks, chunk_shape)
-    elif out.ndim == len(chunk_shape) and unit_step_grid(sub):
-        _place_trimmed_grid(out, chunks, sub, chunk_shape)
+    elif out.ndim == len(chunk_shape) and unit_step_grid(plan):
+        _place_trimmed_grid(out, chunks, plan, chunk_shape)
     else:
         return False
     return True
@@ -170,13 +169,13 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     """
     from .codecs.gpu import _kernel
 
-    first, last = plan.parts[0], plan.parts[-1]
+    first, last = plan.first, plan.last
     grid = tuple(b - a + 1 for a, b in zip(first.coords, last.coords))
     item = out.dtype.itemsize
     tile_elems = 1
     for c in chunk_shape:
         tile_elems *= c
-    tiles_ok = (chunks.dtype == out.dtype and chunks.shape[1:] == tuple(chunk_shape) and len(chunks) == len(plan.parts)
+    tiles_ok = (chunks.dtype == out.dtype and chunks.shape[1:] == tuple(chunk_shape) and len(chunks) == plan.n_parts
                 and chunks[:1].flags.c_contiguous and chunks.strides[0] % item == 0
                 and chunks.strides[0] // item >= tile_elems)
     if item not in _PLACE_TYPES or not out.flags.c_contiguous or not tiles_ok:

@@ -338,6 +338,20 @@ def gpu_read_slot_min_bytes() -> int:
     return _size_setting("gpuzarr.gpu.read-slot-min", "16 MiB")
 
 
+dask.config.update_defaults({"gpuzarr": {"windows": {"part-chunks": 2048, "part-threads": 4}}})
+
+
+def window_part_chunks() -> int:
+    """``gpuzarr.windows.part-chunks``: on the GPU, a window call of at least twice this many chunks reads and
+    decodes them in parts of at least this many, on :func:`window_part_threads` threads at once (0: one part)."""
+    return _count_setting("gpuzarr.windows.part-chunks", 2048)
+
+
+def window_part_threads() -> int:
+    """``gpuzarr.windows.part-threads``: the threads a :class:`~gpuzarr_dist.WindowSampler` reads parts on (at least 1)."""
+    return max(1, _count_setting("gpuzarr.windows.part-threads", 4))
+
+
 def gpu_min_batch_bytes() -> int:
     """``gpuzarr.gpu.min-batch`` in bytes: GPU batches of fewer decompressed bytes are coded on the CPU."""
     return _size_setting("gpuzarr.gpu.min-batch", "32 MiB")

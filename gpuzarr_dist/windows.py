@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from . import config
 from .reader import BlockReader
 from .runtime.device import resolve_device
-from .runtime.threads import decode_pool
+from .runtime.threads import decode_pool, map_all
 from .stages import stage_timer
 from .stores.sharded import IndexCache, ShardedChunkStore
 from .stores.source import open_source
@@ -67,7 +68,7 @@ class WindowSampler:
         self.spec = spec
         self.device = dev
         self.window = tuple(int(w) for w in window)
-        self._threads: tuple[ThreadPoolExecutor, int] | None = None  # batches()'s (pool, size), made on first use
+        self._threads: dict[str, tuple[ThreadPoolExecutor, int]] = {}  # kind -> (pool, size), made on first use (_pool)
         self._pool_lock = threading.Lock()
         if len(self.window) != spec.ndim or any(w < 1 or w > s for w, s in zip(self.window, spec.shape)):
             raise ValueError(f"{spec.name}: window {self.window} does not fit in an array of shape {spec.shape}")
@@ -149,7 +150,7 @@ class WindowSampler:
         if in_flight < 1:
             raise ValueError(f"{self.spec.name}: in_flight must be at least 1, got {in_flight}")
         items = iter(starts)
-        pool = self._pool(in_flight)
+        pool = self._pool("calls", in_flight)
         pending: deque[Future] = deque()
         try:
             for item in itertools.islice(items, in_flight):
@@ -164,41 +165,52 @@ class WindowSampler:
                 f.cancel()
             wait(pending)  # no call left running (on the GPU: no stream with work still queued)
 
-    def _pool(self, threads: int) -> ThreadPoolExecutor:
-        """The sampler's threads for :meth:`batches`, at least ``threads`` of them.
+    def _pool(self, kind: str, threads: int) -> ThreadPoolExecutor:
+        """The sampler's threads of ``kind``, at least ``threads`` of them: ``"calls"`` for :meth:`batches`,
+        ``"parts"`` for the parts of a large call (apart, so that calls waiting for their parts never hold
+        the threads the parts need).
 
-        A larger ``in_flight`` than before gets a larger pool; the smaller one is
+        A larger count than before gets a larger pool; the smaller one is
         not shut down (an iterator still running may submit to it), its threads
         end when the last iterator using it is gone.
         """
         with self._pool_lock:
-            if self._threads is None or self._threads[1] < threads:
-                self._threads = (ThreadPoolExecutor(threads, thread_name_prefix="gpuzarr-windows"), threads)
-            return self._threads[0]
+            entry = self._threads.get(kind)
+            if entry is None or entry[1] < threads:
+                entry = self._threads[kind] = (ThreadPoolExecutor(threads, thread_name_prefix=f"gpuzarr-windows-{kind}"),
+                                               threads)
+            return entry[0]
 
     def __getstate__(self) -> dict:  # picklable (e.g. a data loader's worker processes): threads are not sent
         state = dict(self.__dict__)
-        state["_threads"], state["_pool_lock"] = None, None
+        state["_threads"], state["_pool_lock"] = {}, None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._pool_lock = threading.Lock()
+        self._threads, self._pool_lock = {}, threading.Lock()
 
     def close(self) -> None:
-        """End the threads :meth:`batches` made (after their calls finish); the sampler stays usable."""
+        """End the sampler's threads (after their calls finish); the sampler stays usable."""
         with self._pool_lock:
-            old, self._threads = self._threads, None
-        if old is not None:
-            old[0].shutdown(wait=True)
+            old, self._threads = self._threads, {}
+        for pool, _ in old.values():
+            pool.shutdown(wait=True)
 
     def _decode(self, keys: list[str]) -> tuple[Any, list[int]]:
         """Decoded chunks ``(n_present, *chunk_shape)`` for ``keys`` and the positions of those present."""
         reader = self.reader
         if self.device == "gpu":
-            from .windows_gpu import decode_keys_gpu
+            from .windows_gpu import decode_keys_gpu, join_parts
 
-            return decode_keys_gpu(reader, keys)
+            bounds = _part_bounds(len(keys), config.window_part_chunks())
+            if len(bounds) == 1:
+                return decode_keys_gpu(reader, keys)
+            # a large call: parts read and decode on several threads (streams) at once, so one part's file
+            # reads overlap another's copy up and nvCOMP call, and every chunk is still read once per call
+            parts = map_all(self._pool("parts", config.window_part_threads()),
+                            lambda ab: decode_keys_gpu(reader, keys[ab[0] : ab[1]]), bounds)
+            return join_parts(parts, [a for a, _ in bounds])
         raw = reader.store.read_many(keys) if keys else []
         present = [i for i, b in enumerate(raw) if b is not None]
         out = np.empty((len(present), *self.spec.chunk_shape), dtype=self.spec.dtype)
@@ -267,6 +279,16 @@ def _cut_windows_host(chunks: np.ndarray, idx: np.ndarray, offsets: np.ndarray, 
             dst = (w, *(d for _, _, d in combo))
             out[dst] = chunks[(k, *(s for _, s, _ in combo))] if k < m else fill
     return out
+
+
+def _part_bounds(n: int, part: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` splitting ``n`` chunks into even parts of at least ``part`` each (one part when
+    ``n < 2 * part`` or ``part`` is 0)."""
+    k = n // part if part > 0 else 1
+    if k <= 1:
+        return [(0, n)]
+    edges = [n * i // k for i in range(k + 1)]
+    return list(zip(edges[:-1], edges[1:]))
 
 
 def _unique_rows(rows: np.ndarray, grid: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -50,6 +50,21 @@ def decode_keys_gpu(reader: "BlockReader", keys: list[str]) -> tuple[Any, list[i
     return chunks, present
 
 
+def join_parts(parts: list[tuple[Any, list[int]]], firsts: list[int]) -> tuple[Any, list[int]]:
+    """One call's result from :func:`decode_keys_gpu`'s results for its parts (part ``j`` holding the keys from ``firsts[j]`` on).
+
+    The parts' chunks are copied into one array on this thread's stream, which
+    is then waited for: each part's chunks were made on its own thread's
+    stream and go back to that stream's memory pool when dropped here, where
+    that thread's next part could reuse them while a copy still read them.
+    """
+    present = [first + i for (_, got), first in zip(parts, firsts) for i in got]
+    stream = thread_stream()
+    chunks = cupy.concatenate([c for c, _ in parts], axis=0)
+    stream.synchronize()
+    return chunks, present
+
+
 #: one thread per element of the windows: which window, where in it, so which chunk of the window's grid and
 #: where in that chunk (C order); the fill value where the grid names no decoded chunk (``k == m``)
 _CUT_SOURCE = r"""

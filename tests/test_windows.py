@@ -261,3 +261,66 @@ def test_batches_of_one_sampler_side_by_side(tmp_path):
             for w, (t, y, x) in zip(_host(out), starts):
                 np.testing.assert_array_equal(w, z[t:t + 2, y:y + 8, x:x + 10])
     s.close()
+
+
+def test_part_bounds_split_evenly_into_parts_of_at_least_the_setting():
+    from gpuzarr_dist.windows import _part_bounds
+
+    assert _part_bounds(0, 512) == [(0, 0)] and _part_bounds(1023, 512) == [(0, 1023)]
+    assert _part_bounds(5000, 0) == [(0, 5000)]  # 0: one part
+    for n, part in ((1024, 512), (3040, 512), (3041, 7), (100, 1)):
+        bounds = _part_bounds(n, part)
+        assert bounds[0][0] == 0 and bounds[-1][1] == n and len(bounds) == n // part
+        assert all(a == b for (_, a), (b, _) in zip(bounds, bounds[1:]))  # contiguous
+        sizes = [b - a for a, b in bounds]
+        assert min(sizes) >= part and max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("damage", [False, True])
+def test_a_large_call_reads_in_parts_on_several_threads(tmp_path, monkeypatch, damage):
+    """On the GPU a call of many chunks reads and decodes them in parts on the sampler's part threads (through
+    nvCOMP here): its windows equal zarr-python's; a damaged chunk in the last part is named, and the
+    sampler reads again after it."""
+    if dev() != "gpu":
+        pytest.skip("parts are the GPU path's: the CPU path decodes a call's chunks on the decode threads")
+    import threading
+
+    import dask
+
+    from gpuzarr_dist import windows_gpu
+    from gpuzarr_dist.errors import ChunkDecodeError
+
+    data = make_data("float32", (8, 48, 60), seed=40)
+    path = str(tmp_path / "p.zarr")
+    _sharded(path, data)  # 288 inner chunks of (1, 8, 10) in shards of (4, 24, 30)
+    z = zarr.open_array(path, mode="r")
+    s = gz.WindowSampler(path, (3, 10, 11), device="gpu", index_cache=0)
+    seen = []
+    real = windows_gpu.decode_keys_gpu
+
+    def record(reader, keys):
+        seen.append((threading.current_thread().name, len(keys)))
+        return real(reader, keys)
+
+    monkeypatch.setattr(windows_gpu, "decode_keys_gpu", record)
+    starts = np.concatenate([s.random_starts(60, rng=4), [[4, 24, 30], [0, 0, 0]]])
+    settings = {"gpuzarr.windows.part-chunks": 20, "gpuzarr.gpu.min-batch": 0, "gpuzarr.gpu.min-batch-chunks": 1}
+    with dask.config.set(settings):
+        got = _host(s.sample(starts))
+    assert len(seen) >= 3 and all(name.startswith("gpuzarr-windows-parts") and n >= 20 for name, n in seen)
+    assert len({name for name, _ in seen}) > 1
+    for w, (t, y, x) in zip(got, starts):
+        np.testing.assert_array_equal(w, z[t:t + 3, y:y + 10, x:x + 11])
+    if not damage:
+        return
+    shard = tmp_path / "p.zarr" / "c" / "1" / "1" / "1"  # the last shard: its chunks are in the last part
+    raw = bytearray(shard.read_bytes())
+    at = raw.index(b"\x28\xb5\x2f\xfd")  # the first inner chunk's zstd magic number
+    raw[at : at + 4] = b"\0\0\0\0"
+    shard.write_bytes(bytes(raw))
+    with dask.config.set(settings), pytest.raises(ChunkDecodeError, match=r"p\.zarr: chunk 'c/1/1/1\[0,0,0\]'"):
+        s.sample(starts)
+    shard.write_bytes(bytes(raw[:at]) + b"\x28\xb5\x2f\xfd" + bytes(raw[at + 4:]))
+    with dask.config.set(settings):
+        again = _host(s.sample(starts))
+    np.testing.assert_array_equal(again, got)

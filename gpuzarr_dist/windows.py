@@ -7,8 +7,11 @@ a time. :class:`WindowSampler` instead takes all windows of a batch at once:
 it collects the chunks (inner chunks of shards) that any window touches, reads
 them in one batched read (each shard's index once, then only the byte ranges
 needed, merged when close), decodes them in one batched call (one nvCOMP call
-on the GPU), and cuts every window out of the decoded chunks with one gather
-(:func:`_cut_windows`), on the device where the chunks are.
+on the GPU; a call of many chunks in parts on several threads, see
+``gpuzarr.windows.part-chunks``), and cuts every window out of the decoded
+chunks (:func:`_cut_windows`: one kernel on the GPU), on the device where the
+chunks are. Each chunk is read once per call however many windows share it,
+so larger calls read more windows per second.
 
 No dask is involved: call it from a data loader's thread. The returned array
 is ``(n, *window)``: numpy on the CPU, cupy on the GPU (complete when returned).

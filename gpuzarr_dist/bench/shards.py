@@ -5,9 +5,11 @@
     gpuzarr-dist: target, sharded at least as fast as unsharded.
 (b) Random windows of (4, 128, 128) from the sharded (T, 721, 1440) array, the
     ML access pattern: windows per second through :class:`~gpuzarr_dist.WindowSampler`
-    (a batch of windows per call), zarr-python (one ``a[box]`` per window) and
-    tensorstore (a batch of reads issued together, then awaited), in the same
-    run on the same files: targets 5x zarr-python and 2x tensorstore.
+    (calls of an eighth, a half and all of ``--batch`` windows), zarr-python
+    (one ``a[box]`` per window) and tensorstore (as many reads issued together,
+    then awaited, as our row has windows in flight; as it opens by default, and
+    with a fresh chunk cache per group), in the same run on the same files:
+    targets 5x zarr-python and 2x tensorstore.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
 
     stage_times: dict = {}
     for k, size in enumerate(sizes):
-        ours(size, sampler.random_starts(n, rng=seed + 100 + k))  # warm: gather kernels, staging of this size
+        ours(size, sampler.random_starts(n, rng=seed + 100 + k))  # warm: the cut kernel, staging of this size
         if size == batch:
             stages.reset()  # the stage table is of the timed calls of the largest size
             stages.enable()

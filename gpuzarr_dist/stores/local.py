@@ -8,9 +8,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import dask.config
+import numpy as np
 
 from .base import ChunkStore, check_key, staging_layout
-from .ranges import ByteRange, MergedRead
+from .ranges import ByteRange, MergedRead, piece_arrays
+from .vectored import iovec_table, preadv_table, writable_address
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads, local_reads
@@ -251,28 +253,42 @@ class LocalChunkStore(ChunkStore):
             return self._ranges_kvikio(kvikio, reads, buf)
         fds = self._open_all([r.key for r in reads])
         view = memoryview(buf).cast("B")
-        gap = max((b.offset - (a.offset + a.length) for r in reads for a, b in zip(r.pieces, r.pieces[1:])), default=0)
-        scratch = memoryview(bytearray(max(gap, 1)))  # gap bytes land here; nobody reads them
+        arrays = [piece_arrays(r) for r in reads]
+        gap = max((int((o - np.concatenate(([r.offset], o[:-1] + s[:-1]))).max()) for r, (o, s, _) in zip(reads, arrays)
+                   if len(o)), default=0)
+        scratch = bytearray(max(gap, 1))  # gap bytes land here; nobody reads them
+        where, scratch_at = writable_address(buf), writable_address(scratch)
+        tables: list = [None] * len(reads)
+        if where is not None and scratch_at is not None:  # one numpy table per read, no object per piece
+            for i, (r, pieces) in enumerate(zip(reads, arrays)):
+                try:
+                    tables[i] = iovec_table(r.offset, *pieces, where, scratch_at)
+                except ValueError as e:  # a planning error: never let the kernel write past the buffers
+                    raise RuntimeError(f"{self.array}: the read of {r.key!r} at {r.offset}: {e}") from None
 
-        def one(r: MergedRead) -> int:
+        def one(r: MergedRead, table: np.ndarray | None) -> int:
             fd = fds[r.key]
             if fd is None:
                 return -1
-            iov, pos = [], r.offset
-            for off, n, dest in r.pieces:  # pieces of one read never overlap (see coalesce)
-                if off > pos:
-                    iov.append(scratch[: off - pos])
-                iov.append(view[dest : dest + n])
-                pos = off + n
             try:
+                if table is not None:
+                    got = preadv_table(fd, table, r.offset)
+                    if got is not None:
+                        return got
+                iov, pos = [], r.offset
+                for off, n, dest in r.pieces:  # pieces of one read never overlap (see coalesce)
+                    if off > pos:
+                        iov.append(memoryview(scratch)[: off - pos])
+                    iov.append(view[dest : dest + n])
+                    pos = off + n
                 return _preadv_all(fd, iov, r.offset)
             except OSError as e:
                 raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
 
         try:
             if len(reads) > 1:
-                return map_all(io_pool(), one, reads)  # none still reading into buf when the files close
-            return [one(r) for r in reads]
+                return map_all(io_pool(), one, reads, tables)  # none still reading into buf when the files close
+            return [one(r, t) for r, t in zip(reads, tables)]
         finally:
             _close(fds)
 

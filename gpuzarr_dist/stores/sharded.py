@@ -193,10 +193,14 @@ class ShardedChunkStore(ChunkStore):
         n = len(keys)
         if not n:
             return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        shard_of, seps, texts = zip(*map(str.rpartition, keys, itertools.repeat("[", n)))
-        if "" in seps or not all(map(str.endswith, texts, itertools.repeat("]", n))):
-            bad = next(k for k, sep, t in zip(keys, seps, texts) if not sep or not t.endswith("]"))
+        # strings only: a 3-tuple per key (str.rpartition) made thousands of tuples live at once per block,
+        # which Python's collector counts (see assemble.Plan)
+        cut = list(map(str.rfind, keys, itertools.repeat("[", n)))
+        if -1 in cut or not all(map(str.endswith, keys, itertools.repeat("]", n))):
+            bad = next(k for k, c in zip(keys, cut) if c < 0 or not k.endswith("]"))
             raise ValueError(f"{self.array}: {bad!r} is not an inner-chunk key (shard[i,j,...])")
+        shard_of = [k[:c] for k, c in zip(keys, cut)]
+        texts = [k[c + 1 :] for k, c in zip(keys, cut)]
         shard_no = {s: j for j, s in enumerate(dict.fromkeys(shard_of))}
         which = np.fromiter(map(shard_no.__getitem__, shard_of), dtype=np.int64, count=n)
         if not per:

@@ -12,7 +12,7 @@ import numpy as np
 
 from .base import ChunkStore, check_key, staging_layout
 from .ranges import ByteRange, MergedRead, piece_arrays
-from .vectored import iovec_table, preadv_table, writable_address
+from .vectored import available, gaps, iovec_table, preadv_table, writable_address
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads, local_reads
@@ -254,12 +254,11 @@ class LocalChunkStore(ChunkStore):
         fds = self._open_all([r.key for r in reads])
         view = memoryview(buf).cast("B")
         arrays = [piece_arrays(r) for r in reads]
-        gap = max((int((o - np.concatenate(([r.offset], o[:-1] + s[:-1]))).max()) for r, (o, s, _) in zip(reads, arrays)
-                   if len(o)), default=0)
+        gap = max((int(gaps(r.offset, o, s).max()) for r, (o, s, _) in zip(reads, arrays) if len(o)), default=0)
         scratch = bytearray(max(gap, 1))  # gap bytes land here; nobody reads them
         where, scratch_at = writable_address(buf), writable_address(scratch)
         tables: list = [None] * len(reads)
-        if where is not None and scratch_at is not None:  # one numpy table per read, no object per piece
+        if where is not None and scratch_at is not None and available():  # a numpy table per read, no object per piece
             for i, (r, pieces) in enumerate(zip(reads, arrays)):
                 try:
                     tables[i] = iovec_table(r.offset, *pieces, where, scratch_at)

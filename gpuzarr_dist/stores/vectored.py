@@ -50,6 +50,16 @@ def _preadv() -> Any:
     return _state[0]
 
 
+def available() -> bool:
+    """Whether libc's ``preadv`` was found (else callers use ``os.preadv``)."""
+    return _preadv() is not None
+
+
+def gaps(start: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The bytes a read from ``start`` passes over before each piece (negative where pieces overlap)."""
+    return offsets - np.concatenate(([start], offsets[:-1] + lengths[:-1]))
+
+
 def writable_address(buf: Any) -> tuple[int, int] | None:
     """``(address, nbytes)`` of a writable, contiguous buffer, or ``None``."""
     try:
@@ -70,8 +80,7 @@ def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.
 
     Raises ``ValueError`` where a piece would land outside ``buf``, or a gap does not fit in ``scratch``
     (the kernel would write past them: nothing here checks addresses after this)."""
-    ends = offsets + lengths
-    gap = offsets - np.concatenate(([start], ends[:-1]))
+    gap = gaps(start, offsets, lengths)
     if len(dests) and (int(dests.min()) < 0 or int((dests + lengths).max()) > buf[1] or int(lengths.min()) < 0):
         raise ValueError(f"pieces planned outside the {buf[1]}-byte buffer")
     if len(gap) and (int(gap.min()) < 0 or int(gap.max()) > scratch[1]):

@@ -79,7 +79,7 @@ def test_short_file_reads_what_is_there(tmp_path):
 @pytest.mark.parametrize("libc", [True, False])
 def test_local_ranges_land_in_place_with_and_without_libc(tmp_path, monkeypatch, libc):
     if not libc:
-        monkeypatch.setattr(vectored, "_state", [None])  # as where libc's preadv is not found: os.preadv
+        monkeypatch.setitem(vectored._fns, "preadv64", None)  # as where libc's preadv is not found: os.preadv
     elif vectored._preadv() is None:
         pytest.skip("no libc preadv here")
     rng = np.random.default_rng(3)

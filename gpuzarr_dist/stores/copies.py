@@ -1,11 +1,17 @@
 """Copying fetched bytes into a block's staging buffer, on several threads and without the GIL.
 
 Object stores hand back each object or range as its own buffer, which then
-goes to its slot of the block's (pinned) staging buffer. A ``memoryview``
-slice assignment holds the GIL for the whole copy: a block's ~100 MB copied
-that way kept the event loop that handles the other requests' responses,
-and every other thread, waiting. ``numpy.copyto`` releases the GIL for large
-copies, and the moves are spread over the shared I/O threads.
+goes to its slot of the block's (pinned) staging buffer; a shard read whole
+is cut into its inner chunks' aligned slots. The copies are planned as
+numpy arrays (source, start, length, destination) and done by
+:func:`.vectored.copy_table`: one system call per 512 pieces, with the GIL
+released. ``numpy.copyto`` per piece released the GIL for each copy and
+took it back after: under other threads' Python, a block's 504 pieces took
+94 ms instead of 14 (session 21), and a ``memoryview`` slice assignment
+holds the GIL for the whole copy, keeping the event loop that handles the
+other requests' responses waiting. ``numpy.copyto`` per piece remains
+where ``process_vm_readv`` is refused. Large copies are spread over the
+shared I/O threads.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from . import vectored
 
 #: below this many bytes in all, one thread copies (handing work to threads costs more than it saves)
 PARALLEL_BYTES = 8 << 20
@@ -29,32 +37,66 @@ class Move(NamedTuple):
 
 
 def scatter(buf: Any, moves: Sequence[Move]) -> None:
-    """Do every move into ``buf`` (a writable buffer), on the shared I/O threads when there is enough to copy."""
+    """Do every move into ``buf`` (a writable buffer)."""
+    sources = list({id(m.src): m.src for m in moves}.values())
+    number = {id(s): i for i, s in enumerate(sources)}
+    which = np.fromiter((number[id(m.src)] for m in moves), dtype=np.int64, count=len(moves))
+    starts, lengths, dests = (np.fromiter((m[k] for m in moves), dtype=np.int64, count=len(moves)) for k in (2, 3, 0))
+    scatter_arrays(buf, sources, which, starts, lengths, dests)
+
+
+def scatter_arrays(buf: Any, sources: Sequence[Any], which: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
+                   dests: np.ndarray) -> None:
+    """Copy ``lengths[i]`` bytes of ``sources[which[i]]`` from ``starts[i]`` on to ``dests[i]`` of ``buf``.
+
+    Every piece is checked to lie inside its source and inside ``buf`` first
+    (``ValueError`` otherwise: the system call would copy whatever memory the
+    addresses name). Pieces of no bytes are skipped; ``sources`` not named by
+    ``which`` may be ``None``.
+    """
     from ..config import io_threads
     from ..runtime.threads import io_pool, map_all
 
-    dst = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
-    total = sum(m.n for m in moves)
-
-    def run(group: Sequence[Move]) -> None:
-        for m in group:
-            if m.n > 0:
-                src = np.frombuffer(memoryview(m.src).cast("B"), dtype=np.uint8, count=m.n, offset=m.start)
-                np.copyto(dst[m.dest : m.dest + m.n], src)
-
-    if total < PARALLEL_BYTES or len(moves) < 2:
-        run(moves)
+    keep = lengths > 0
+    if not keep.all():
+        which, starts, lengths, dests = which[keep], starts[keep], lengths[keep], dests[keep]
+    if not len(lengths):
         return
-    groups = _balanced(moves, min(len(moves), max(1, io_threads())))
-    map_all(io_pool(), run, groups)  # none still copying into ``buf`` when an error leaves
+    dst = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+    if not dst.flags.writeable:
+        raise ValueError("the staging buffer is read-only")
+    used = np.unique(which)
+    addr = np.zeros(len(sources), dtype=np.uint64)
+    size = np.zeros(len(sources), dtype=np.int64)
+    for j in used.tolist():
+        addr[j], size[j] = vectored.address(sources[j])
+    if int(starts.min()) < 0 or bool((starts + lengths > size[which]).any()):
+        raise ValueError("a copy would read past the end of its source buffer")
+    if int(dests.min()) < 0 or int((dests + lengths).max()) > dst.nbytes:
+        raise ValueError(f"a copy would write outside the {dst.nbytes}-byte staging buffer")
+    d_table = np.empty((len(lengths), 2), dtype=np.uint64)
+    s_table = np.empty((len(lengths), 2), dtype=np.uint64)
+    d_table[:, 0] = dst.ctypes.data + dests.astype(np.uint64)
+    s_table[:, 0] = addr[which] + starts.astype(np.uint64)
+    d_table[:, 1] = s_table[:, 1] = lengths
+
+    def run(part: slice) -> None:
+        if not vectored.copy_table(d_table[part], s_table[part]):
+            for i in range(part.start, part.stop):
+                src = np.frombuffer(memoryview(sources[which[i]]).cast("B"), dtype=np.uint8)
+                np.copyto(dst[dests[i] : dests[i] + lengths[i]], src[starts[i] : starts[i] + lengths[i]])
+
+    total = int(lengths.sum())
+    parts = _balanced(lengths, min(len(lengths), max(1, io_threads()))) if total >= PARALLEL_BYTES else [slice(0, len(lengths))]
+    if len(parts) == 1:
+        run(parts[0])
+        return
+    map_all(io_pool(), run, parts)  # none still copying into ``buf`` when an error leaves
 
 
-def _balanced(moves: Sequence[Move], k: int) -> list[list[Move]]:
-    """``moves`` cut into ``k`` runs of consecutive moves with about the same bytes each."""
-    total = sum(m.n for m in moves) or 1
-    groups: list[list[Move]] = [[] for _ in range(k)]
-    done = 0
-    for m in moves:
-        groups[min(k - 1, done * k // total)].append(m)
-        done += m.n
-    return [g for g in groups if g]
+def _balanced(lengths: np.ndarray, k: int) -> list[slice]:
+    """``[0, len(lengths))`` cut into at most ``k`` runs of consecutive pieces with about the same bytes each."""
+    ends = np.cumsum(lengths)
+    cuts = np.searchsorted(ends, ends[-1] * np.arange(1, k) / k, side="left") + 1
+    bounds = [0, *sorted(set(int(c) for c in cuts if 0 < c < len(lengths))), len(lengths)]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]

@@ -343,21 +343,22 @@ class ShardedChunkStore(ChunkStore):
 
         An index entry past the object's end is named as the range path names it (array, inner chunk, shard).
         """
-        from .copies import Move, scatter
+        from .copies import scatter_arrays
 
-        moves = []
-        for i in np.flatnonzero(mask & (sizes >= 0)).tolist():
-            shard = shards[which[i]]
-            data = whole[shard][1]
-            o, n, d = int(offs[i]), int(sizes[i]), int(dests[i])
-            if o + n > len(data):
-                raise ChunkDecodeError(
-                    self.array, keys[i],
-                    f"shard index of {shard!r} points past the end of the shard object "
-                    f"(bytes {o}-{o + n - 1} asked for, the object ends before byte {len(data)})",
-                )
-            moves.append(Move(d, data, o, n))
-        scatter(buf, moves)
+        rows = np.flatnonzero(mask & (sizes >= 0))
+        sources = [whole[s][1] if s in whole else None for s in shards]
+        ends = np.array([0 if v is None else len(v) for v in sources], dtype=np.int64)
+        w, o, n = which[rows], offs[rows], sizes[rows]
+        past = np.flatnonzero(o + n > ends[w])
+        if len(past):
+            i = int(rows[past[0]])
+            shard, o0, n0 = shards[which[i]], int(offs[i]), int(sizes[i])
+            raise ChunkDecodeError(
+                self.array, keys[i],
+                f"shard index of {shard!r} points past the end of the shard object "
+                f"(bytes {o0}-{o0 + n0 - 1} asked for, the object ends before byte {int(ends[which[i]])})",
+            )
+        scatter_arrays(buf, sources, w, o, n, dests[rows])
 
     def _plan_reads(self, shards: list[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray,
                     dests: np.ndarray) -> list[MergedRead]:

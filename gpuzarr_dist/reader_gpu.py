@@ -26,7 +26,7 @@ from .assemble import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
 from .config import gpu_read_slot_min_bytes, gpu_read_slots
-from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream
+from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
 from .runtime.threads import read_slot
 from .runtime.once import warn_once
 
@@ -186,7 +186,7 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     kind = _PLACE_TYPES[item]
     kernel = _kernel("place_tiles", f"typedef {kind} T;\n" + _PLACE_SRC, (f"-DGZ_PLACE_ITEM={item}",))  # one build per item size
     nd = out.ndim
-    dims = cupy.asarray(np.asarray([*out.shape, *chunk_shape, *grid, *(s.start for s in first.chunk_sel)], dtype=np.int64))
+    dims = upload(np.asarray([*out.shape, *chunk_shape, *grid, *(s.start for s in first.chunk_sel)], dtype=np.int64))
     total = out.size
     threads = 256
     blocks = max(1, min((total + threads - 1) // threads, 1 << 16))

@@ -15,7 +15,7 @@ import cupy
 import numpy as np
 
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
-from .runtime.cuda import ALIGN, pinned_staging, thread_stream
+from .runtime.cuda import ALIGN, pinned_staging, thread_stream, upload
 from .runtime.threads import decode_pool
 
 if TYPE_CHECKING:
@@ -104,8 +104,8 @@ def cut_windows_gpu(chunks: cupy.ndarray, idx: np.ndarray, offsets: np.ndarray, 
             "int64 csize, int64 m, T fill", "T out", _CUT_SOURCE, "gpuzarr_cut_windows"))
     cshape, grid = tuple(chunks.shape[1:]), tuple(idx.shape[1:])
     dims = np.array([*window, *cshape, *grid], dtype=np.int64)
-    tables = cupy.asarray(np.concatenate([dims, np.asarray(offsets, dtype=np.int64).reshape(-1),
-                                          np.asarray(idx, dtype=np.int64).reshape(-1)]))  # one copy up
+    tables = upload(np.concatenate([dims, np.asarray(offsets, dtype=np.int64).reshape(-1),
+                                    np.asarray(idx, dtype=np.int64).reshape(-1)]))  # one copy up
     k = len(dims) + n * nd
     m = len(chunks)
     flat = cupy.ascontiguousarray(chunks).reshape(-1) if m else cupy.empty(1, dtype=chunks.dtype)

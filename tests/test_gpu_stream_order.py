@@ -94,6 +94,9 @@ def gpu(monkeypatch):
     for name in ("gpuzarr_dist.codecs.gpu", "gpuzarr_dist.runtime.cuda"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     mod = importlib.import_module("gpuzarr_dist.codecs.gpu")
+    # small tables go up by runtime.cuda.upload (one driver call, queued on the stream it is given)
+    monkeypatch.setattr(mod, "upload", lambda host, stream=None: log.append(
+        ("tables", (stream or _STATE["current"]).name)) or FakeDev(np.asarray(host), log))
     _STATE["stack"] = [FakeStream(log, "legacy null stream")]
     FakeStream(log, "caller's current stream").use()  # as thread_stream makes a thread's stream current
     return mod, log, FakeStream(log, "batch stream")

@@ -30,7 +30,7 @@ from . import host_checks
 from .pipeline import CodecPipeline
 from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks, nvcomp_api
 from ..errors import ChunkDecodeError
-from ..runtime.cuda import on_stream, pinned_empty, settle
+from ..runtime.cuda import on_stream, pinned_empty, settle, upload
 from ..runtime.memory import is_out_of_memory
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -180,7 +180,7 @@ def _frame_table(offsets: Sequence[int], sizes: Sequence[int],
                  dev_table: cupy.ndarray | None) -> tuple[cupy.ndarray, cupy.ndarray]:
     """The frames' offsets and sizes on the device as int64 (``dev_table``'s two rows, or copied up now)."""
     if dev_table is None:
-        dev_table = cupy.asarray(np.asarray([offsets, sizes], dtype=np.int64).reshape(2, len(offsets)))
+        dev_table = upload(np.asarray([offsets, sizes], dtype=np.int64).reshape(2, len(offsets)))
     return dev_table[0], dev_table[1]
 
 
@@ -213,8 +213,7 @@ def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: list[int], in_size
     host[0], host[1] = in_offs, in_sizes
     if c:
         nvcomp_c.decode_tables(in_ptrs, in_sizes, out_ptrs, [stride] * n, host[2:].view(np.uint64))
-    with on_stream(stream):
-        up = cupy.asarray(host)  # through CuPy's pinned staging, on ``stream``: queued, not waited for
+    up = upload(host, stream)  # queued on ``stream``, not waited for
     return _Tables(up[:2], up[2:].view(cupy.uint64) if c else None)
 
 
@@ -425,7 +424,7 @@ def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     n = len(offsets)
     got = cupy.zeros(n, dtype=cupy.uint32)
     _kernel("xxh64_low32", XXH64_SRC)(((n + 63) // 64,), (64,), (
-        out, np.int64(stride), np.int64(nbytes), np.int32(n), cupy.asarray(wanted), got))
+        out, np.int64(stride), np.int64(nbytes), np.int32(n), upload(wanted), got))
     actual = got.get()
     return host_checks.trailer_mismatches(actual, host, np.add(offsets, sizes) - 4, wanted=wanted)
 

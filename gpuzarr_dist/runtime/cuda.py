@@ -150,6 +150,41 @@ def _set_sync_wait(dev: int, sched: int) -> None:
             _check(set_current(ctypes.c_uint((now.value & ~_SCHED_MASK) | sched)), f"cuCtxSetFlags({sched:#x})")
 
 
+def _memcpy_htod() -> ctypes._CFuncPtr:
+    fn = getattr(_memcpy_htod, "fn", None)
+    if fn is None:
+        lib = _driver()
+        fn = getattr(lib, "cuMemcpyHtoDAsync_v2", None) or lib.cuMemcpyHtoDAsync
+        fn.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _memcpy_htod.fn = fn  # type: ignore[attr-defined]
+    return fn
+
+
+def upload(host: np.ndarray, stream: cupy.cuda.Stream | None = None) -> cupy.ndarray:
+    """A device copy of the small host array ``host`` (a table of offsets, sizes, shapes), queued on ``stream``
+    (CuPy's current stream by default) behind the work already there.
+
+    One driver call, ``cuMemcpyHtoDAsync`` through ctypes, which releases the GIL. From pageable memory
+    it returns once ``host``'s bytes are staged for the copy, so ``host`` may be dropped at once.
+    ``cupy.asarray`` went through CuPy's pinned pool, an event recorded per copy and a watch list of them,
+    with the GIL held: under 16 threads reading S3 shards it was the largest single holder of the GIL
+    (py-spy ``--gil``: 340 of the block tasks' 1264 samples, H100, session 21), and every held moment
+    delayed the event loop that completes the object-store requests. Raises
+    :class:`~gpuzarr_dist.errors.GpuZarrError` if the driver refuses the copy.
+    """
+    host = np.ascontiguousarray(host)
+    stream = cupy.cuda.get_current_stream() if stream is None else stream
+    with on_stream(stream):
+        dev = cupy.empty(host.shape, dtype=host.dtype)
+    if host.nbytes:
+        rc = _memcpy_htod()(dev.data.ptr, host.ctypes.data, host.nbytes, stream.ptr)
+        if rc != 0:
+            raise GpuZarrError(f"CUDA driver call cuMemcpyHtoDAsync ({host.nbytes} bytes of a table) failed "
+                               f"with error {rc}")
+    return dev
+
+
 def context_sync_wait() -> str:
     """The wait the current GPU context has, read back from the driver (``auto``, ``spin``, ``yield``, ``blocking``)."""
     lib = _driver()

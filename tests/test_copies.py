@@ -35,7 +35,7 @@ def test_every_move_lands_at_its_slot_and_nothing_else_is_written(total_mib, cop
     for src, st, d, s in zip(sources, starts.tolist(), dests.tolist(), sizes.tolist()):
         moves.append(Move(d, memoryview(src) if s % 2 else src, st, s))  # bytes and memoryviews alike
         expected[d : d + s] = np.frombuffer(src, dtype=np.uint8)[st : st + s]
-    assert (sum(sizes) >= copies.PARALLEL_BYTES) == (total_mib == 40)
+    assert (sum(sizes) >= 2 * copies.PARALLEL_BYTES) == (total_mib == 40)
     scatter(buf, moves)
     np.testing.assert_array_equal(buf, expected)
 

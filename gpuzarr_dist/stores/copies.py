@@ -11,7 +11,7 @@ took it back after: under other threads' Python, a block's 504 pieces took
 holds the GIL for the whole copy, keeping the event loop that handles the
 other requests' responses waiting. ``numpy.copyto`` per piece remains
 where ``process_vm_readv`` is refused. Large copies are spread over the
-shared I/O threads.
+shared I/O threads, at most :data:`MAX_PARTS` of them.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ import numpy as np
 
 from . import vectored
 
-#: below this many bytes in all, one thread copies (handing work to threads costs more than it saves)
-PARALLEL_BYTES = 8 << 20
+#: bytes per thread of a copy spread over the I/O threads (below twice this, the calling thread copies alone)
+PARALLEL_BYTES = 16 << 20
+#: the most threads one copy takes: each system call copies several GB/s without the GIL, and each thread
+#: handed a part takes the GIL to start and to finish it, behind the other threads' Python (session 21)
+MAX_PARTS = 4
 
 
 class Move(NamedTuple):
@@ -86,8 +89,8 @@ def scatter_arrays(buf: Any, sources: Sequence[Any], which: np.ndarray, starts: 
                 src = np.frombuffer(memoryview(sources[which[i]]).cast("B"), dtype=np.uint8)
                 np.copyto(dst[dests[i] : dests[i] + lengths[i]], src[starts[i] : starts[i] + lengths[i]])
 
-    total = int(lengths.sum())
-    parts = _balanced(lengths, min(len(lengths), max(1, io_threads()))) if total >= PARALLEL_BYTES else [slice(0, len(lengths))]
+    k = min(MAX_PARTS, io_threads(), len(lengths), int(lengths.sum()) // PARALLEL_BYTES)
+    parts = _balanced(lengths, k) if k > 1 else [slice(0, len(lengths))]
     if len(parts) == 1:
         run(parts[0])
         return

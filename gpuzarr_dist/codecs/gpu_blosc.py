@@ -40,7 +40,7 @@ from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
 from .pipeline import CodecPipeline
 from ..config import deflate_check
 from ..errors import ChunkDecodeError
-from ..runtime.cuda import on_stream
+from ..runtime.cuda import on_stream, upload
 from ..runtime.once import warn_once
 from ..stages import enabled as _stages_enabled, stage_timer
 
@@ -108,7 +108,7 @@ def decode_blosc_batch(
     with on_stream(stream):
         work = cupy.empty(pl.total, dtype=cupy.uint8)
         work[:in_total].set(host[:in_total], stream=stream)
-        packed = cupy.asarray(np.concatenate([np.asarray(t, dtype=np.int64) for t in tables]))
+        packed = upload(np.concatenate([np.asarray(t, dtype=np.int64) for t in tables]))
         views, at = [], 0
         for t in tables:
             views.append(packed[at : at + len(t)])

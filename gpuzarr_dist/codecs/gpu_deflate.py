@@ -27,7 +27,7 @@ import numpy as np
 from . import host_checks
 from .deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
 from .gpu import _kernel
-from ..runtime.cuda import on_stream
+from ..runtime.cuda import on_stream, upload
 from ..runtime.once import warn_once
 
 _warned: set[str] = set()
@@ -78,8 +78,8 @@ def deflate_walk(buf: cupy.ndarray, offsets: Sequence[int], sizes: Sequence[int]
         limits = [int(limits)] * n
     t = walk_threads(n, threads)
     with on_stream(stream):
-        table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
-                                             np.asarray(limits, np.int64)]))
+        table = upload(np.concatenate([np.asarray(offsets, np.int64), np.asarray(sizes, np.int64),
+                                       np.asarray(limits, np.int64)]))
         res = cupy.empty(2 * n, dtype=cupy.int64)
         _kernel("deflate_walk", DEFLATE_WALK_SRC)(((n + t - 1) // t,), (t,), (
             buf, table[:n], table[n : 2 * n], table[2 * n :], np.int32(n), np.int32(wrap), res[:n], res[n:]))
@@ -121,7 +121,7 @@ def adler32_streams(buf: cupy.ndarray, offsets: Sequence[int], lengths: Sequence
     seg0 = np.concatenate([[0], np.cumsum(nseg)]).astype(np.int64)
     total = int(seg0[-1])
     with on_stream(stream):
-        table = cupy.asarray(np.concatenate([np.asarray(offsets, np.int64), lens, seg0]))
+        table = upload(np.concatenate([np.asarray(offsets, np.int64), lens, seg0]))
         d_offs, d_lens, d_seg0 = table[:n], table[n : 2 * n], table[2 * n :]
         segs = cupy.empty(max(2 * total, 1), dtype=cupy.uint32)
         if total:

@@ -48,7 +48,7 @@ from .compressors import crc32c_value
 from .pipeline import CodecPipeline
 from ..config import nvcomp_api
 from ..errors import ChunkEncodeError
-from ..runtime.cuda import on_stream, thread_nvcomp_codec
+from ..runtime.cuda import on_stream, thread_nvcomp_codec, upload
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
@@ -126,8 +126,8 @@ def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream)
     packed = cupy.empty(max(total, 1), dtype=cupy.uint8)
     if n:
         with on_stream(stream):
-            meta = cupy.asarray(np.concatenate([np.asarray(src_ptrs, dtype=np.uint64).view(np.int64),
-                                                np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)]))
+            meta = upload(np.concatenate([np.asarray(src_ptrs, dtype=np.uint64).view(np.int64),
+                                          np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)]))
             split = max(1, min(64, 1024 // n))  # few large chunks: several thread blocks per chunk
             _kernel("gather_chunks", _GATHER_SRC)((n, split), (256,), (meta[:n], meta[n : 2 * n], meta[2 * n :], packed))
     return packed, offsets

@@ -124,9 +124,9 @@ def _driver() -> ctypes.CDLL:
     return lib
 
 
-def _check(rc: int, what: str) -> None:
+def _check(rc: int, what: str, doing: str = "setting gpuzarr.gpu.sync-wait") -> None:
     if rc != 0:
-        raise GpuZarrError(f"CUDA driver call {what} failed with error {rc} (setting gpuzarr.gpu.sync-wait)")
+        raise GpuZarrError(f"CUDA driver call {what} failed with error {rc} ({doing})")
 
 
 def _set_sync_wait(dev: int, sched: int) -> None:
@@ -178,10 +178,8 @@ def upload(host: np.ndarray, stream: cupy.cuda.Stream | None = None) -> cupy.nda
     with on_stream(stream):
         dev = cupy.empty(host.shape, dtype=host.dtype)
     if host.nbytes:
-        rc = _memcpy_htod()(dev.data.ptr, host.ctypes.data, host.nbytes, stream.ptr)
-        if rc != 0:
-            raise GpuZarrError(f"CUDA driver call cuMemcpyHtoDAsync ({host.nbytes} bytes of a table) failed "
-                               f"with error {rc}")
+        _check(_memcpy_htod()(dev.data.ptr, host.ctypes.data, host.nbytes, stream.ptr), "cuMemcpyHtoDAsync",
+               f"copying {host.nbytes} bytes of a table to the GPU")
     return dev
 
 

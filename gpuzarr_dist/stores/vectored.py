@@ -89,14 +89,11 @@ def gaps(start: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 
 
 def writable_address(buf: Any) -> tuple[int, int] | None:
-    """``(address, nbytes)`` of a writable, contiguous buffer, or ``None``."""
+    """``(address, nbytes)`` of a writable, contiguous buffer (see :func:`address`), or ``None``."""
     try:
-        arr = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+        return None if memoryview(buf).readonly else address(buf)
     except (TypeError, ValueError):
         return None
-    if not arr.flags.writeable:
-        return None
-    return arr.ctypes.data, arr.nbytes
 
 
 def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray, buf: tuple[int, int],

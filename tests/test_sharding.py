@@ -71,6 +71,27 @@ def test_auto_blocks_are_whole_shards(tmp_path):
     assert all(b % s == 0 for bs, s in zip(x.chunks, SHARDS) for b in bs[:-1])
 
 
+def test_auto_blocks_count_only_the_shards_part_inside_the_array(tmp_path):
+    """Shards padded past the array's edge (4 x 32 x 48 over 21 x 40): an ``auto`` block holds as many shards as
+    their part inside the array fits the block size, not their padded extent (which gave blocks half as big)."""
+    import dask
+    import zarr.codecs as zc
+
+    data = make_data("int32", (64, 21, 40), seed=11)
+    path = str(tmp_path / "padded.zarr")
+    a = zarr.create_array(path, shape=data.shape, dtype=data.dtype, chunks=(4, 32, 48), compressors=None,
+                          serializer=zc.ShardingCodec(chunk_shape=(1, 16, 16), codecs=[zc.BytesCodec(), zc.ZstdCodec()]))
+    a[...] = data
+    step_bytes = 21 * 40 * 4  # one time step inside the array
+    target = 54_000
+    with dask.config.set({"gpuzarr.block-size.cpu": f"{target} B", "gpuzarr.block-size.gpu": f"{target} B"}):
+        x = gz.from_zarr_gpu(path, device=dev())
+    steps = target // (4 * step_bytes) * 4  # whole shards of 4 steps: 16 (the padded count, 4 x 32 x 48, gave 8)
+    assert x.chunks[0][0] == steps == 16
+    assert max(x.chunks[0]) * step_bytes <= target
+    assert_same(compute_checked(x), reference(path))
+
+
 def test_each_shard_index_is_read_once_per_block(tmp_path, monkeypatch):
     data = make_data("int32", SHAPE, seed=10)
     path = str(tmp_path / "s.zarr")

@@ -169,7 +169,9 @@ def test_user_computations_run_on_the_threads_streams(era5ish):
         return b * 2
 
     with dask.config.set(scheduler="threads", num_workers=4):
-        got = x.map_blocks(where).sum(axis=0).compute()
+        # dtype and meta given: dask would otherwise call ``where`` on small arrays in this (main) thread to
+        # learn them, on whatever stream this thread has (the null stream when no earlier test read here)
+        got = x.map_blocks(where, dtype=x.dtype, meta=x._meta).sum(axis=0).compute()
     np.testing.assert_allclose(got.get(), expected.astype("f8").sum(axis=0) * 2, rtol=1e-5)
     assert ptrs and 0 not in ptrs
 

@@ -191,7 +191,17 @@ class _Tables(NamedTuple):
     nvcomp: cupy.ndarray | None  # (4, n) uint64: nvCOMP's C call's pointer and size tables, or None
 
 
-def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: list[int], in_sizes: list[int], out: cupy.ndarray,
+def _frame_ptrs(dev: cupy.ndarray, in_offs: Sequence[int] | np.ndarray, out: cupy.ndarray, stride: int,
+                n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The device addresses (uint64 arrays) of ``n`` frames at ``in_offs`` of ``dev`` and of their output slots,
+    ``stride`` bytes apart in ``out``: numpy over the batch, no Python int per frame (a sharded block decodes
+    thousands of frames, and every moment a block holds the GIL delays every other block's reads)."""
+    in_ptrs = np.asarray(in_offs, dtype=np.uint64) + np.uint64(dev.data.ptr)
+    out_ptrs = np.arange(n, dtype=np.uint64) * np.uint64(stride) + np.uint64(out.data.ptr)
+    return in_ptrs, out_ptrs
+
+
+def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: np.ndarray, in_sizes: np.ndarray, out: cupy.ndarray,
                   stride: int, stream: cupy.cuda.Stream) -> _Tables:
     """Queue the frame tables of the walks and of nvCOMP's C call on ``stream``, in one copy.
 
@@ -206,13 +216,12 @@ def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: list[int], in_size
     from . import nvcomp_c
 
     n = len(in_offs)
-    in_ptrs = [dev.data.ptr + o for o in in_offs]
-    out_ptrs = [out.data.ptr + i * stride for i in range(n)]
+    in_ptrs, out_ptrs = _frame_ptrs(dev, in_offs, out, stride, n)
     c = nvcomp_api() == "c" and nvcomp_c.available() and nvcomp_c.aligned(algorithm, in_ptrs, out_ptrs)
     host = np.empty((6 if c else 2, n), dtype=np.int64)
     host[0], host[1] = in_offs, in_sizes
     if c:
-        nvcomp_c.decode_tables(in_ptrs, in_sizes, out_ptrs, [stride] * n, host[2:].view(np.uint64))
+        nvcomp_c.decode_tables(in_ptrs, in_sizes, out_ptrs, np.full(n, stride, dtype=np.uint64), host[2:].view(np.uint64))
     up = upload(host, stream)  # queued on ``stream``, not waited for
     return _Tables(up[:2], up[2:].view(cupy.uint64) if c else None)
 
@@ -500,14 +509,14 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
         timed("decode: blosc")
         if blosc_out is None:
             return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
-        return _array_stage(pipeline, blosc_out, [i * stride for i in range(n)], n)
+        return _array_stage(pipeline, blosc_out, np.arange(n, dtype=np.int64) * stride, n)
     inner = _strip_outer_crc(pipeline.bytes_bytes)
     if inner:  # the host-only checks first: a batch they reject never queues its copy
         codec = inner[0]
         algorithm, head, tail = NVCOMP_FRAMING[codec.name]
-        in_offs = (np.asarray(offsets, dtype=np.int64) + head).tolist()
-        in_sizes = (np.asarray(sizes, dtype=np.int64) - (head + tail)).tolist()
-        if min(in_sizes) <= 0:
+        in_offs = np.asarray(offsets, dtype=np.int64) + head
+        in_sizes = np.asarray(sizes, dtype=np.int64) - (head + tail)
+        if in_sizes.min() <= 0:
             i = int(np.argmin(in_sizes))
             raise ChunkDecodeError(pipeline.array, keys[i], f"stored chunk of {sizes[i]} bytes is too short", codec.name)
         _check_stated_sizes(codec.name, pipeline.array, host, offsets, sizes, keys, expected)
@@ -586,7 +595,7 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
         if bad:
             raise ChunkDecodeError(pipeline.array, keys[bad[0]], f"stored {sizes[bad[0]]} bytes, expected {expected}", "bytes")
         base, stride = dev, None
-    arr = _array_stage(pipeline, base, offsets if stride is None else [i * stride for i in range(n)], n)
+    arr = _array_stage(pipeline, base, offsets if stride is None else np.arange(n, dtype=np.int64) * stride, n)
     timed("decode: array codecs (launch)")
     return arr
 
@@ -598,16 +607,16 @@ class _Frames(NamedTuple):
     algorithm: str
     ready: cupy.cuda.Event | None
     dev: cupy.ndarray
-    in_offs: list[int]
-    in_sizes: list[int]
+    in_offs: np.ndarray  # int64
+    in_sizes: np.ndarray  # int64
     out: cupy.ndarray
     stride: int
     n: int
     tables: cupy.ndarray | None = None  # nvCOMP's C call's tables already on the device (_small_tables)
 
 
-def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, in_offs: list[int],
-                   in_sizes: list[int], out: cupy.ndarray, stride: int, n: int,
+def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, in_offs: np.ndarray,
+                   in_sizes: np.ndarray, out: cupy.ndarray, stride: int, n: int,
                    tables: cupy.ndarray | None = None) -> list[int]:
     """Decode ``n`` frames of ``dev`` into the slots of ``out``; their decoded sizes.
 
@@ -634,22 +643,24 @@ def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, 
 def _decode_frames(stream: cupy.cuda.Stream, parts: list[_Frames]) -> list[int]:
     """One nvCOMP call for the frames of ``parts`` (one algorithm) on ``stream``, waited for; their decoded sizes
     (see :func:`decode_spans`)."""
-    in_ptrs = [p.dev.data.ptr + o for p in parts for o in p.in_offs]
-    out_ptrs = [p.out.data.ptr + i * p.stride for p in parts for i in range(p.n)]
+    ptrs = [_frame_ptrs(p.dev, p.in_offs, p.out, p.stride, p.n) for p in parts]
+    in_ptrs = np.concatenate([i for i, _ in ptrs])
+    out_ptrs = np.concatenate([o for _, o in ptrs])
 
     def arrays() -> tuple[Any, Any]:
         from nvidia import nvcomp
 
         if len(parts) == 1:
             p = parts[0]
-            return (nvcomp.as_arrays(p.dev, p.in_offs, p.in_sizes),
+            return (nvcomp.as_arrays(p.dev, np.asarray(p.in_offs).tolist(), np.asarray(p.in_sizes).tolist()),
                     nvcomp.as_arrays(p.out, [i * p.stride for i in range(p.n)], [p.stride] * p.n))
         # several buffers: a BatchArray from views of each (the batch overloads take nothing else)
-        return (nvcomp.as_arrays([p.dev[o : o + s] for p in parts for o, s in zip(p.in_offs, p.in_sizes)]),
+        return (nvcomp.as_arrays([p.dev[o : o + s] for p in parts
+                                  for o, s in zip(np.asarray(p.in_offs).tolist(), np.asarray(p.in_sizes).tolist())]),
                 nvcomp.as_arrays([p.out[i * p.stride : (i + 1) * p.stride] for p in parts for i in range(p.n)]))
 
-    return _decode_ptrs(parts[0].algorithm, stream, in_ptrs, [s for p in parts for s in p.in_sizes], out_ptrs,
-                        [p.stride for p in parts for _ in range(p.n)], arrays,
+    return _decode_ptrs(parts[0].algorithm, stream, in_ptrs, np.concatenate([np.asarray(p.in_sizes, dtype=np.int64) for p in parts]),
+                        out_ptrs, np.concatenate([np.full(p.n, p.stride, dtype=np.int64) for p in parts]), arrays,
                         parts[0].tables if len(parts) == 1 else None)
 
 
@@ -668,8 +679,8 @@ def decode_spans(algorithm: str, stream: cupy.cuda.Stream, src: cupy.ndarray, in
                                  nvcomp.as_arrays(dst, list(out_offs), list(out_sizes))))
 
 
-def _decode_ptrs(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int], in_sizes: Sequence[int],
-                 out_ptrs: list[int], out_sizes: Sequence[int], arrays: Callable[[], tuple[Any, Any]],
+def _decode_ptrs(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_sizes: Sequence[int],
+                 out_ptrs: Sequence[int], out_sizes: Sequence[int], arrays: Callable[[], tuple[Any, Any]],
                  tables: cupy.ndarray | None = None) -> list[int]:
     """Decode frames at device addresses on ``stream`` and wait; their decoded sizes.
 
@@ -740,12 +751,13 @@ def _array_stage(pipeline: CodecPipeline, buf: cupy.ndarray, starts: Sequence[in
     layout = pipeline.layouts[-1]
     item = layout.dtype.itemsize
     c_strides = tuple(int(np.prod(layout.shape[k + 1 :], dtype=np.int64)) * item for k in range(len(layout.shape)))
-    steps = {b - a for a, b in zip(starts, starts[1:])}
-    if len(steps) <= 1:  # evenly spaced: one strided view over all chunks
-        step = steps.pop() if steps else layout.nbytes
-        raw = cupy.ndarray((n, layout.nbytes), dtype=cupy.uint8, memptr=buf.data + starts[0], strides=(step, 1))
+    starts = np.asarray(starts, dtype=np.int64)
+    steps = np.diff(starts)
+    if not len(steps) or (steps == steps[0]).all():  # evenly spaced: one strided view over all chunks
+        step = int(steps[0]) if len(steps) else layout.nbytes
+        raw = cupy.ndarray((n, layout.nbytes), dtype=cupy.uint8, memptr=buf.data + int(starts[0]), strides=(step, 1))
     else:
-        raw = cupy.stack([buf[s : s + layout.nbytes] for s in starts])
+        raw = cupy.stack([buf[s : s + layout.nbytes] for s in starts.tolist()])
     endian = getattr(pipeline.array_bytes, "endian", sys.byteorder)
     unit = item // 2 if layout.dtype.kind == "c" else item  # complex: each part swaps on its own
     if unit > 1 and endian != sys.byteorder:  # swap bytes on the device

@@ -174,8 +174,7 @@ def max_compressed_size(algorithm: str, nbytes: int) -> int:
 
 def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
     """Whether every input address meets ``algorithm``'s encode alignment (output slots are ours to align)."""
-    a_in = encode_api(algorithm).alignments[0]
-    return all(p % a_in == 0 for p in in_ptrs)
+    return _multiples(in_ptrs, encode_api(algorithm).alignments[0])
 
 
 def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
@@ -284,7 +283,13 @@ def _check(status: int, what: str) -> None:
 def aligned(algorithm: str, in_ptrs: Sequence[int], out_ptrs: Sequence[int]) -> bool:
     """Whether every input and output address meets ``algorithm``'s alignment (checked before a call)."""
     a_in, a_out, _ = api(algorithm).alignments
-    return all(p % a_in == 0 for p in in_ptrs) and all(p % a_out == 0 for p in out_ptrs)
+    return _multiples(in_ptrs, a_in) and _multiples(out_ptrs, a_out)
+
+
+def _multiples(ptrs: Sequence[int], align: int) -> bool:
+    """Whether every address of ``ptrs`` (a sequence or a uint64 array) is a multiple of ``align``: numpy, no loop."""
+    p = np.asarray(ptrs, dtype=np.uint64)
+    return not np.any(p % np.uint64(align))
 
 
 def decode_tables(in_ptrs: Sequence[int], in_sizes: Sequence[int], out_ptrs: Sequence[int],
@@ -327,7 +332,8 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
         return []
     if not aligned(algorithm, in_ptrs, out_ptrs):
         raise NvcompCallError(f"nvCOMP {algorithm} decode: buffers not aligned to {a.alignments[:2]} (input, output)")
-    largest, total = int(max(out_sizes)), int(sum(out_sizes))
+    sizes = np.asarray(out_sizes, dtype=np.int64)
+    largest, total = int(sizes.max()), int(sizes.sum())
     try:
         with on_stream(stream):
             if dev_tables is None:

@@ -194,6 +194,11 @@ def test_parse_and_read_into_match_zarr_python(tmp_path):
     coords = grid[order]
     keys = spec.chunk_keys(coords)
     shards, which, inner = store._parse(keys)
+    from gpuzarr_dist.metadata import ChunkKeys
+
+    assert isinstance(keys, ChunkKeys)  # parsed from the coordinates, not the strings
+    plain = store._parse(list(keys))  # the strings split and parsed: the same shards, numbers and positions
+    assert plain[0] == shards and np.array_equal(plain[1], which) and np.array_equal(plain[2], inner)
     per = spec.chunks_per_shard
     for k, c, w, i in zip(keys, coords.tolist(), which.tolist(), inner.tolist()):
         assert shards[w] == spec.store_key(tuple(x // p for x, p in zip(c, per)))

@@ -106,6 +106,38 @@ def test_each_shard_index_is_read_once_per_block(tmp_path, monkeypatch):
     assert sorted({r.key for r in log["data"]}) == shards
 
 
+def test_a_block_opens_each_shard_file_once(tmp_path, monkeypatch):
+    """A block's index reads and range reads share one opening of each shard file (local files), and every
+    file it opened is closed again when it returns."""
+    import collections
+
+    from gpuzarr_dist.stores import local
+    from gpuzarr_dist.stores.source import open_source
+
+    data = make_data("int32", SHAPE, seed=12)
+    path = str(tmp_path / "s.zarr")
+    expected = _write(path, data, compressors=[zc.ZstdCodec()])
+    opened, closed = collections.Counter(), []
+    real_open, real_close = local.LocalChunkStore._open, local.os.close
+
+    def counted(self, key):
+        fd = real_open(self, key)
+        opened[key] += fd is not None
+        return fd
+
+    monkeypatch.setattr(local.LocalChunkStore, "_open", counted)
+    store, spec = open_source(path)
+    x = gz.from_zarr_gpu(path, device=dev(), chunks=(8, 20))  # blocks of 2 x 2 shards
+    assert_same(compute_checked(x), expected)
+    shards = sorted(f"c/{i}/{j}" for i in range(4) for j in range(3))
+    assert sorted(opened) == shards and set(opened.values()) == {1}
+    monkeypatch.setattr(local.os, "close", lambda fd: (closed.append(fd), real_close(fd)))
+    with store.base.held(["c/0/0", "c/0/1"]):
+        store.base.read_ranges([local.ByteRange("c/0/0", -16, 16), local.ByteRange("c/0/1", -16, 16)])
+        assert not closed  # held: the block closes them, not each read
+    assert len(closed) == 2
+
+
 def test_tensorstore_sharded_array(tmp_path):
     ts = pytest.importorskip("tensorstore")
     data = make_data("uint16", SHAPE, seed=11)
@@ -154,3 +186,45 @@ def test_damaged_shard_names_the_shard(tmp_path, damage):
     with pytest.raises(gz.ChunkDecodeError) as info:
         gz.from_zarr_gpu(path, device=dev()).compute()
     assert "c/1/1" in str(info.value) and os.path.abspath(path) in str(info.value)
+
+
+@pytest.mark.parametrize("index_codecs", [
+    [zc.BytesCodec()], [zc.BytesCodec(), zc.Crc32cCodec()], [zc.BytesCodec(endian="big"), zc.Crc32cCodec()],
+    [zc.BytesCodec(), zc.Crc32cCodec(), zc.Crc32cCodec()],
+], ids=["bytes", "crc32c", "big-endian", "two-crc32c"])
+def test_shard_indexes_decoded_together_match_the_stored_bytes(tmp_path, index_codecs):
+    """``ShardIndex.decode_many`` (all of a block's indexes as one array) gives, shard by shard, what the index
+    bytes zarr-python wrote say (read here with numpy) and what ``decode`` gives; a damaged one raises as ``decode``."""
+    from gpuzarr_dist.codecs.sharding import ShardIndex
+    from gpuzarr_dist.errors import ChunkDecodeError
+    from gpuzarr_dist.stores.source import open_source
+
+    data = make_data("int32", SHAPE, seed=13)
+    path = str(tmp_path / "s.zarr")
+    a = zarr.create_array(path, shape=SHAPE, dtype="int32", chunks=SHARDS, compressors=None,
+                          serializer=zc.ShardingCodec(chunk_shape=INNER, codecs=[zc.BytesCodec(), zc.ZstdCodec()],
+                                                      index_codecs=index_codecs))
+    a[0:3, 0:7] = data[0:3, 0:7]  # some inner chunks missing
+    a[5:, :] = data[5:, :]
+    _, spec = open_source(path)
+    ix = ShardIndex(spec)
+    keys = sorted(str(p.relative_to(path)) for p in pathlib.Path(path).glob("c/*/*"))
+    raws = [pathlib.Path(path, k).read_bytes()[-ix.nbytes :] for k in keys] + [None]
+    got = ix.decode_many(raws, keys + ["c/9/9"])
+    assert got[-1] is None
+    big = "big" in str(index_codecs[0].endian)  # zarr-python's Endian enum
+    for k, raw, g in zip(keys, raws, got):
+        stored = np.frombuffer(raw[: ix.count * 16], dtype=">u8" if big else "<u8").reshape(-1, 2)
+        want = np.where(stored == np.uint64(2**64 - 1), -1, stored.astype(np.int64))
+        np.testing.assert_array_equal(g, want)
+        np.testing.assert_array_equal(g, ix.decode(raw, k))
+    if len(index_codecs) > 1:  # a flipped byte: the same error as decode's, naming the shard
+        bad = bytearray(raws[1])
+        bad[3] ^= 0xFF
+        with pytest.raises(ChunkDecodeError) as one:
+            ix.decode(bytes(bad), keys[1])
+        with pytest.raises(ChunkDecodeError) as many:
+            ix.decode_many([raws[0], bytes(bad), raws[2]], keys[:3])
+        assert str(many.value) == str(one.value) and keys[1] in str(many.value)
+    with pytest.raises(ChunkDecodeError, match="truncated"):
+        ix.decode_many([raws[0], raws[1][:-1]], keys[:2])

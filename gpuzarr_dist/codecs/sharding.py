@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from .compressors import crc32c_value
 from .pipeline import CodecPipeline
 from ..errors import ChunkDecodeError, MetadataError
 from ..metadata import ArraySpec
@@ -67,6 +68,55 @@ class ShardIndex:
         out = index.astype(np.int64, copy=True)
         out[missing] = -1
         return out
+
+    def decode_many(self, raws: "list[Any]", keys: "list[str]") -> "list[np.ndarray | None]":
+        """:meth:`decode` of each of ``raws`` (``None`` stays ``None``), numpy over all of them at once.
+
+        For the usual index codecs (``bytes``, then ``crc32c`` or nothing) the
+        indexes are checked and read as one array: a block's 56 shard indexes
+        went through the codec pipeline one by one, about 2 ms of Python per
+        block with the GIL held (py-spy, session 22). A row that fails a check
+        is decoded again by :meth:`decode`, which raises its error.
+        """
+        present = [i for i, r in enumerate(raws) if r is not None]
+        out: list[np.ndarray | None] = [None] * len(raws)
+        fast = self._plain()
+        if fast is None or len(present) < 2:
+            for i in present:
+                out[i] = self.decode(raws[i], keys[i])
+            return out
+        dtype, n_crc = fast
+        views = [memoryview(raws[i]).cast("B") for i in present]
+        for i, v in zip(present, views):
+            if len(v) != self.nbytes:
+                self.decode(raws[i], keys[i])  # raises: truncated
+        block = np.frombuffer(b"".join(views), dtype=np.uint8).reshape(len(present), self.nbytes)
+        end = self.nbytes
+        for _ in range(n_crc):  # the outermost checksum is the last 4 bytes; each covers what precedes it
+            stored = block[:, end - 4 : end].copy().view("<u4").reshape(-1)
+            for j in range(len(present)):
+                if crc32c_value(block[j, : end - 4]) != int(stored[j]):
+                    self.decode(raws[present[j]], keys[present[j]])  # raises: checksum
+            end -= 4
+        index = block[:, : self.count * 16].copy().view(dtype).reshape(len(present), self.count, 2).astype(np.uint64)
+        missing = (index[..., 0] == MISSING) & (index[..., 1] == MISSING)
+        far = ((index >= np.uint64(2**62)) & ~missing[..., None]).any(axis=(1, 2))
+        for j in np.flatnonzero(far).tolist():
+            self.decode(raws[present[j]], keys[present[j]])  # raises: an offset past any object's end
+        rows = index.astype(np.int64)
+        rows[missing] = -1
+        for j, i in enumerate(present):
+            out[i] = rows[j]
+        return out
+
+    def _plain(self) -> "tuple[str, int] | None":
+        """``(uint64 dtype string, number of crc32c layers)`` where the index codecs are ``bytes`` and crc32c
+        checksums only (what :meth:`decode_many` reads in one go), else ``None``."""
+        p = self.pipeline
+        if p.array_array or p.array_bytes.name != "bytes" or any(c.name != "crc32c" for c in p.bytes_bytes):
+            return None
+        endian = getattr(p.array_bytes, "endian", "little") or "little"
+        return ("<u8" if endian == "little" else ">u8"), len(p.bytes_bytes)
 
     def raw_range(self, size: int | None = None) -> tuple[int, int]:
         """``(offset, length)`` of the index inside a shard: a suffix (negative offset) when at the end and ``size`` is unknown."""

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from .ranges import ByteRange, MergedRead
@@ -87,6 +88,13 @@ class ChunkStore(ABC):
     #: an object store (requests over a network, capped per process): ``chunks="auto"`` blocks are at most
     #: ``gpuzarr.remote.block-size``, so that blocks decode while the process's other requests are in flight
     object_store: bool = False
+
+    @contextmanager
+    def held(self, keys: Sequence[str]) -> Iterator[None]:
+        """Inside the ``with`` block, this thread's :meth:`read_ranges` and :meth:`read_ranges_into` calls on
+        ``keys`` reuse what one opening of them gives (local files: a block's shard files opened once for its
+        index reads and its range reads, not twice). Nothing here."""
+        yield
 
     def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each :class:`~.ranges.ByteRange`, ``None`` where the object is absent.

@@ -42,7 +42,7 @@ from .ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
 from ..stages import stage_timer as _stage_timer
 from ..codecs.sharding import ShardIndex
 from ..errors import ChunkDecodeError, ChunkReadError
-from ..metadata import ArraySpec
+from ..metadata import ArraySpec, ChunkKeys
 
 
 class IndexCache:
@@ -147,7 +147,7 @@ class ShardedChunkStore(ChunkStore):
         if todo:
             off, n = self.index.raw_range()
             raw = self.base.read_ranges([ByteRange(s, off, n) for s in todo])
-            got = {s: None if r is None else self.index.decode(r, s) for s, r in zip(todo, raw)}
+            got = dict(zip(todo, self.index.decode_many(raw, todo)))
             if cache is not None:
                 cache.put_many(got)
             if not known:
@@ -193,6 +193,8 @@ class ShardedChunkStore(ChunkStore):
         n = len(keys)
         if not n:
             return [], np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        if isinstance(keys, ChunkKeys) and len(keys.which) == n and len(keys.inner) == n:  # built from coordinates
+            return list(keys.shards), keys.which, keys.inner
         # strings only: a 3-tuple per key (str.rpartition) made thousands of tuples live at once per block,
         # which Python's collector counts (see assemble.Plan)
         cut = list(map(str.rfind, keys, itertools.repeat("[", n)))
@@ -245,8 +247,13 @@ class ShardedChunkStore(ChunkStore):
         """
         timed = _stage_timer()
         shards, which, inner = self._parse(keys)
-        n = len(keys)
         timed("shards: parse keys")
+        with self.base.held(shards):  # local files: each shard opened once, for its index and its ranges
+            return self._read_into(keys, shards, which, inner, staging, align, lead, timed)
+
+    def _read_into(self, keys: Sequence[str], shards: list[str], which: np.ndarray, inner: np.ndarray,
+                   staging: Callable[[int], Any], align: int, lead: int, timed: Callable[[str], None]) -> tuple[Any, list[int], list[int]]:
+        n = len(keys)
         whole = self._read_whole_shards(shards, which, inner, keys)
         timed("whole shard reads")
         try:
@@ -268,17 +275,17 @@ class ShardedChunkStore(ChunkStore):
         ends = np.cumsum(slots)
         dests = ends - slots + pad
         total = int(ends[-1]) if n else 0
-        timed("range planning")
-        buf = staging(total)
-        timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
         rest: Any = slice(None)  # the chunks left to the range reads
         if whole:
             from_whole = np.isin(which, [j for j, s in enumerate(shards) if s in whole])
-            self._copy_from_whole(buf, whole, keys, shards, which, offs, sizes, dests, from_whole)
             rest = ~from_whole
-        timed("whole shard copies")
-        reads = self._plan_reads(shards, which[rest], offs[rest], sizes[rest], dests[rest])
+        reads = self._plan_reads(shards, which[rest], offs[rest], sizes[rest], dests[rest])  # before the turn
         timed("range planning")
+        buf = staging(total)
+        timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
+        if whole:
+            self._copy_from_whole(buf, whole, keys, shards, which, offs, sizes, dests, from_whole)
+        timed("whole shard copies")
         try:
             got = self.base.read_ranges_into(reads, buf)
         except ChunkReadError as e:
@@ -311,10 +318,9 @@ class ShardedChunkStore(ChunkStore):
             objects = self.base.read_many(full)
         except ChunkReadError as e:
             raise self._name_chunk(e, keys, "reading the whole shard") from None
-        out: dict[str, tuple[np.ndarray | None, Any]] = {}
-        for s, data in zip(full, objects):
-            view = None if data is None else memoryview(data).cast("B")
-            out[s] = (None, None) if view is None else (self.index.decode(self.index.raw_of(view), s), view)
+        views = [None if data is None else memoryview(data).cast("B") for data in objects]
+        indexes = self.index.decode_many([None if v is None else self.index.raw_of(v) for v in views], full)
+        out: dict[str, tuple[np.ndarray | None, Any]] = {s: (ix, v) for s, ix, v in zip(full, indexes, views)}
         if self.index_cache is not None:
             self.index_cache.put_many({s: ix for s, (ix, _) in out.items()})
         return out

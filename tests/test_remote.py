@@ -364,3 +364,28 @@ def test_read_into_puts_each_object_at_its_aligned_slot(tree, http, s3, transpor
         for key, o, n in zip(keys[:-1], offsets, sizes):
             with open(f"{tree[0]}/plain.zarr/{key}", "rb") as f:
                 assert bytes(buf[o : o + n]) == f.read(), key
+
+
+def test_stores_of_one_url_and_options_share_one_client(monkeypatch):
+    """A client per URL, options, settings and environment, kept for the process: a second store (another
+    from_zarr_gpu, an unpickled task's copy) reuses it and its open connections; anything that changes the
+    client makes another. The cache's keys are hashes: no credential is held in them."""
+    from gpuzarr_dist.stores import remote
+
+    monkeypatch.setattr(remote, "_clients", type(remote._clients)())
+    opts = {"endpoint_url": "http://127.0.0.1:9", "key": "AKIDKEEPME", "secret": "s3cr3t-value", "region": "us-east-1"}
+    a = remote.ObjectChunkStore("s3://bucket/a.zarr", storage_options=opts)
+    b = remote.ObjectChunkStore("s3://bucket/a.zarr", storage_options=dict(opts))
+    assert a.store is b.store
+    assert pickle.loads(pickle.dumps(a)).store is a.store
+    assert remote.ObjectChunkStore("s3://bucket/b.zarr", storage_options=opts).store is not a.store
+    assert remote.ObjectChunkStore("s3://bucket/a.zarr", storage_options={**opts, "secret": "other"}).store is not a.store
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert remote.ObjectChunkStore("s3://bucket/a.zarr", storage_options=opts).store is not a.store
+    with dask.config.set({"gpuzarr.remote.timeout": 5}):
+        assert remote.ObjectChunkStore("s3://bucket/a.zarr", storage_options=opts).store is not a.store
+    assert not any("s3cr3t" in k or "AKID" in k for k in remote._clients)
+    monkeypatch.setattr(remote, "_CLIENTS_MAX", 2)
+    for i in range(4):
+        remote.ObjectChunkStore(f"s3://bucket/{i}.zarr", storage_options=opts).store
+    assert len(remote._clients) == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -229,9 +230,13 @@ class LocalChunkStore(ChunkStore):
             stack.pop()
             _close(fds)
 
-    def _open_all(self, keys: Sequence[str]) -> dict[str, int | None]:
+    def _held(self) -> dict[str, int | None]:
+        """The files :meth:`held` keeps open for this store in this thread (none outside its ``with`` block)."""
         stack = _HELD.__dict__.get("stack")
-        held = stack[-1][1] if stack and stack[-1][0] is self else {}
+        return stack[-1][1] if stack and stack[-1][0] is self else {}
+
+    def _open_all(self, keys: Sequence[str]) -> dict[str, int | None]:
+        held = self._held()
         fds: dict[str, int | None] = {}
         try:
             for key in keys:
@@ -244,12 +249,12 @@ class LocalChunkStore(ChunkStore):
 
     def _close_own(self, fds: dict[str, int | None]) -> None:
         """Close what :meth:`_open_all` opened for one call (not what :meth:`held` keeps open)."""
-        stack = _HELD.__dict__.get("stack")
-        held = stack[-1][1] if stack and stack[-1][0] is self else {}
+        held = self._held()
         _close({k: fd for k, fd in fds.items() if k not in held})
 
     def read_ranges(self, requests: Sequence[ByteRange]) -> list[Any]:
-        """``pread`` each range (files opened once per call), on the shared I/O threads."""
+        """``pread`` each range (files opened once per call): on the shared I/O threads, or on this thread where
+        every range is at most :data:`SMALL_RANGE` bytes (shard indexes)."""
         fds = self._open_all([r.key for r in requests])
         try:
             def one(r: ByteRange) -> bytes | None:
@@ -398,8 +403,6 @@ def _jobs(lengths: Sequence[int], threads: int) -> list[list[int]]:
     job with the fewest bytes so far). A job per I/O thread rather than a job per read: each job is a Python
     call that takes the GIL to start, to return and to hand its result back, beside other blocks' work (a
     block of 56 shards on 16 I/O threads, session 22)."""
-    import heapq
-
     n = min(len(lengths), max(1, threads))
     heap = [(0, j) for j in range(n)]
     jobs: list[list[int]] = [[] for _ in range(n)]

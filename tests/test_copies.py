@@ -49,11 +49,11 @@ def test_a_bytearray_target_and_no_moves(copy_path):
 
 def test_pieces_split_into_balanced_runs_in_order():
     lengths = np.array([10, 10, 10, 10, 40, 5, 5, 10])
-    parts = copies._balanced(lengths, 4)
+    parts = copies.balanced_runs(lengths, 4)
     assert parts[0].start == 0 and parts[-1].stop == len(lengths)
     assert all(a.stop == b.start for a, b in zip(parts, parts[1:])) and all(p.stop > p.start for p in parts)
     assert len(parts) <= 4 and max(int(lengths[p].sum()) for p in parts) <= 50
-    assert copies._balanced(np.array([7]), 4) == [slice(0, 1)]
+    assert copies.balanced_runs(np.array([7]), 4) == [slice(0, 1)]
 
 
 def test_more_pieces_than_one_system_call_takes(copy_path):

@@ -90,14 +90,14 @@ def scatter_arrays(buf: Any, sources: Sequence[Any], which: np.ndarray, starts: 
                 np.copyto(dst[dests[i] : dests[i] + lengths[i]], src[starts[i] : starts[i] + lengths[i]])
 
     k = min(MAX_PARTS, io_threads(), len(lengths), int(lengths.sum()) // PARALLEL_BYTES)
-    parts = _balanced(lengths, k) if k > 1 else [slice(0, len(lengths))]
+    parts = balanced_runs(lengths, k) if k > 1 else [slice(0, len(lengths))]
     if len(parts) == 1:
         run(parts[0])
         return
     map_all(io_pool(), run, parts)  # none still copying into ``buf`` when an error leaves
 
 
-def _balanced(lengths: np.ndarray, k: int) -> list[slice]:
+def balanced_runs(lengths: np.ndarray, k: int) -> list[slice]:
     """``[0, len(lengths))`` cut into at most ``k`` runs of consecutive pieces with about the same bytes each."""
     ends = np.cumsum(lengths)
     cuts = np.searchsorted(ends, ends[-1] * np.arange(1, k) / k, side="left") + 1

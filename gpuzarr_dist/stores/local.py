@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -13,6 +12,7 @@ import dask.config
 import numpy as np
 
 from .base import ChunkStore, check_key, staging_layout
+from .copies import balanced_runs
 from .ranges import ByteRange, MergedRead, piece_arrays
 from .vectored import available, gaps, iovec_table, preadv_table, writable_address
 from .retry import describe, with_retries
@@ -324,22 +324,22 @@ class LocalChunkStore(ChunkStore):
             except OSError as e:
                 raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
 
-        def several(job: list[int]) -> list[int]:
-            return [one(reads[i], tables[i]) for i in job]
+        def several(run: slice) -> list[int]:
+            return [one(reads[i], tables[i]) for i in range(run.start, run.stop)]
 
+        # at most one job per I/O thread, runs of consecutive reads of about equal bytes: each job is a Python
+        # call that takes the GIL to start, to return and to hand its result back, beside other blocks' work
+        # (a block of 56 shards on 16 I/O threads, session 22)
         try:
-            jobs = _jobs([r.length for r in reads], io_threads())
-            if len(jobs) > 1:  # none still reading into buf when the files close
-                done = map_all(io_pool(), several, jobs)
+            k = min(io_threads(), len(reads))
+            runs = balanced_runs(np.array([r.length for r in reads], dtype=np.int64), k) if k > 1 else [slice(0, len(reads))]
+            if len(runs) > 1:  # none still reading into buf when the files close
+                done = map_all(io_pool(), several, runs)
             else:
-                done = [several(j) for j in jobs]
+                done = [several(r) for r in runs]
         finally:
             self._close_own(fds)
-        got = [0] * len(reads)
-        for job, res in zip(jobs, done):
-            for i, n in zip(job, res):
-                got[i] = n
-        return got
+        return [n for res in done for n in res]  # the runs cover the reads in order
 
     def _ranges_kvikio(self, kvikio: Any, reads: Sequence[MergedRead], buf: Any) -> list[int]:
         sizes: dict[str, int] = {}
@@ -396,21 +396,6 @@ class LocalChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"LocalChunkStore({self.root!r})"
-
-
-def _jobs(lengths: Sequence[int], threads: int) -> list[list[int]]:
-    """The indexes of ``lengths`` in at most ``threads`` jobs of about equal bytes (longest first, each to the
-    job with the fewest bytes so far). A job per I/O thread rather than a job per read: each job is a Python
-    call that takes the GIL to start, to return and to hand its result back, beside other blocks' work (a
-    block of 56 shards on 16 I/O threads, session 22)."""
-    n = min(len(lengths), max(1, threads))
-    heap = [(0, j) for j in range(n)]
-    jobs: list[list[int]] = [[] for _ in range(n)]
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        total, j = heapq.heappop(heap)
-        jobs[j].append(i)
-        heapq.heappush(heap, (total + lengths[i], j))
-    return [sorted(j) for j in jobs if j]
 
 
 def _close(fds: dict[str, int | None]) -> None:

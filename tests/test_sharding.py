@@ -106,6 +106,37 @@ def test_each_shard_index_is_read_once_per_block(tmp_path, monkeypatch):
     assert sorted({r.key for r in log["data"]}) == shards
 
 
+def test_a_block_plans_its_read_tables_before_its_staging_buffer(tmp_path, monkeypatch):
+    """The iovec tables of a block's range reads are built before it asks for its staging buffer (on the GPU
+    path that call takes the read turn), and the block's values are zarr-python's."""
+    from numcodecs import Zstd
+
+    from gpuzarr_dist.stores import vectored
+    from gpuzarr_dist.stores.source import open_source
+
+    data = make_data("int32", SHAPE, seed=13)
+    path = str(tmp_path / "s.zarr")
+    expected = _write(path, data, compressors=[zc.ZstdCodec()])
+    events: list[str] = []
+    real_init = vectored.ReadTables.__init__
+    monkeypatch.setattr(vectored.ReadTables, "__init__", lambda self, *a: (events.append("tables"), real_init(self, *a))[1])
+    store, spec = open_source(path)
+    coords = [(i, j) for i in range(SHAPE[0] // INNER[0] + 1) for j in range(SHAPE[1] // INNER[1] + 1)]
+    keys = spec.chunk_keys(coords)
+
+    def staging(n):
+        events.append("staging")
+        return np.empty(n, dtype=np.uint8)
+
+    buf, offsets, sizes = store.read_into(keys, staging, 1, 0)
+    assert events == ["tables", "staging"] and min(sizes) > 0
+    got = np.asarray(expected)
+    for (ci, cj), o, n in zip(coords, offsets, sizes):  # each inner chunk, uncompressed, against zarr-python's
+        raw = np.frombuffer(Zstd().decode(bytes(buf[o : o + n])), dtype="int32").reshape(INNER)
+        want = got[ci * INNER[0] : (ci + 1) * INNER[0], cj * INNER[1] : (cj + 1) * INNER[1]]
+        np.testing.assert_array_equal(raw[: want.shape[0], : want.shape[1]], want)  # edge chunks: padded
+
+
 def test_a_block_opens_each_shard_file_once(tmp_path, monkeypatch):
     """A block's index reads and range reads share one opening of each shard file (local files), and every
     file it opened is closed again when it returns."""

@@ -76,7 +76,7 @@ def test_short_file_reads_what_is_there(tmp_path):
     assert bytes(buf[:10]) == bytes(range(10)) and bytes(buf[256:266]) == bytes(range(90, 100))
 
 
-@pytest.mark.parametrize("libc, threads", [(True, 16), (False, 16), (True, 2)])  # 2: several reads per job
+@pytest.mark.parametrize("libc, threads", [(True, 16), (False, 16), (True, 2), (False, 3)])  # 2, 3: several reads per job
 def test_local_ranges_land_in_place_with_and_without_libc(tmp_path, monkeypatch, libc, threads):
     import dask
 
@@ -132,4 +132,51 @@ def test_tables_that_would_write_past_their_buffers_are_refused():
         vectored.iovec_table(0, np.array([0, 5]), s, np.array([0, 256]), buf, (1 << 30, 64))
     t = vectored.iovec_table(0, o, s, np.array([0, 256]), buf, (1 << 30, 64))
     assert t.tolist() == [[1 << 20, 10], [1 << 30, 30], [(1 << 20) + 256, 10]]
+
+
+
+def test_read_tables_planned_before_the_buffer_land_as_file_slicing_says(tmp_path):
+    """A call's tables, planned for ``nbytes`` before the buffer exists and bound to it afterwards, scatter
+    every piece of every read where plain slicing of the files says, through libc's ``preadv``."""
+    if vectored._preadv() is None:
+        pytest.skip("no libc preadv here")
+    rng = np.random.default_rng(11)
+    files, reads = {}, []
+    dest = 0
+    for j in range(5):
+        data = rng.integers(0, 256, size=20000, dtype=np.uint8)
+        (tmp_path / f"f{j}").write_bytes(data.tobytes())
+        files[f"f{j}"] = data
+        o, s = _pieces(rng, len(data), 30 + 200 * (j == 3))  # one read of 230 pieces
+        d = dest + np.cumsum(np.concatenate(([0], (s[:-1] + 255) // 256 * 256)))
+        dest = int(d[-1] + (s[-1] + 255) // 256 * 256)
+        start = max(0, int(o[0]) - j)  # reads that start before their first piece (a gap to scratch) and not
+        reads.append(MergedRead(f"f{j}", start, int(o[-1] + s[-1]) - start, PieceArray(o, s, d)))
+    tables = vectored.ReadTables(reads, dest)
+    buf = np.zeros(dest, dtype=np.uint8)
+    bound = tables.bind(buf)
+    for (lo, hi), r in zip(tables.bounds, reads):
+        fd = os.open(tmp_path / r.key, os.O_RDONLY)
+        try:
+            assert vectored.preadv_table(fd, bound[lo:hi], r.offset) == r.length
+        finally:
+            os.close(fd)
+    for r in reads:
+        for off, n, d in r.pieces:
+            np.testing.assert_array_equal(buf[d : d + n], files[r.key][off : off + n])
+    assert len(tables.scratch) == max(int(vectored.gaps(r.offset, *piece_arrays(r)[:2]).max()) for r in reads)
+    with pytest.raises(RuntimeError, match="addresses already"):
+        tables.bind(buf)
+
+
+def test_read_tables_refuse_a_smaller_buffer_and_name_the_read_at_fault():
+    reads = [MergedRead("a", 0, 10, [Piece(0, 10, 0)]), MergedRead("b", 0, 100, [Piece(0, 40, 256), Piece(30, 70, 512)])]
+    with pytest.raises(RuntimeError, match=r"arr: the read of 'b' at 0: pieces overlap"):
+        vectored.ReadTables.checked(reads, 4096, "arr")
+    reads[1] = MergedRead("b", 0, 100, [Piece(0, 100, 4000)])
+    with pytest.raises(RuntimeError, match=r"arr: the read of 'b' at 0: pieces planned outside the 4096-byte"):
+        vectored.ReadTables.checked(reads, 4096, "arr")
+    tables = vectored.ReadTables([reads[0]], 4096)
+    with pytest.raises(ValueError, match="outside the 1000-byte buffer"):
+        tables.bind(np.zeros(1000, dtype=np.uint8))
 

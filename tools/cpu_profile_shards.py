@@ -65,7 +65,7 @@ def main() -> int:
               f"({stored / sec / 1e9:5.2f} GB/s of {stored / 1e6:.0f} MB stored)")
         if hasattr(store, "base"):  # host-side work alone: the same call with the byte-range reads left out
             real = store.base.read_ranges_into
-            store.base.read_ranges_into = lambda reads, buf: [r.length for r in reads]
+            store.base.read_ranges_into = lambda reads, buf, *prepared: [r.length for r in reads]
             plan_sec = best(lambda: store.read_into(keys, staging, 256), 15)
             store.base.read_ranges_into = real
             print(f"{'':<10} host-side planning (keys parsed, indexes read and decoded, ranges planned): {1e3 * plan_sec:.2f} ms")

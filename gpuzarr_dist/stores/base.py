@@ -117,7 +117,12 @@ class ChunkStore(ABC):
             out.append(view[max(0, len(view) + off) :] if off < 0 else view[off : off + n])
         return out
 
-    def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any) -> list[int]:
+    def prepare_ranges(self, reads: Sequence[MergedRead], nbytes: int) -> Any:
+        """What :meth:`read_ranges_into` can work out for ``reads`` into a buffer of ``nbytes`` before that
+        buffer exists (a GPU block asks before its read turn); passed back to it as ``prepared``. Nothing here."""
+        return None
+
+    def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any, prepared: Any = None) -> list[int]:
         """Read each merged range and put each of its pieces at ``piece.dest`` in ``buf``.
 
         Returns, per read, the number of bytes the object held from the read's

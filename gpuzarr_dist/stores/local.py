@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -9,12 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import dask.config
-import numpy as np
 
 from .base import ChunkStore, check_key, staging_layout
-from .copies import balanced_runs
-from .ranges import ByteRange, MergedRead, piece_arrays
-from .vectored import available, gaps, iovec_table, preadv_table, writable_address
+from .ranges import ByteRange, MergedRead
+from .vectored import ReadTables, available, preadv_table
 from .retry import describe, with_retries
 from ..errors import ChunkReadError
 from ..config import io_threads, local_reads
@@ -279,67 +278,81 @@ class LocalChunkStore(ChunkStore):
         finally:
             self._close_own(fds)
 
-    def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any) -> list[int]:
+    def prepare_ranges(self, reads: Sequence[MergedRead], nbytes: int) -> ReadTables | None:
+        """The iovec tables of ``reads`` into a buffer of ``nbytes`` (see :class:`.vectored.ReadTables`), for
+        :meth:`read_ranges_into`; ``None`` where kvikio reads the ranges (``gpuzarr.shards.local-reads``).
+
+        Raises ``RuntimeError`` naming the array and the read where a piece would land outside the buffer."""
+        return None if _ranges_by_kvikio() else ReadTables.checked(reads, nbytes, self.array)
+
+    def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any, prepared: ReadTables | None = None) -> list[int]:
         """Scatter each merged range straight into ``buf`` with one ``preadv`` (gap bytes go to a scratch buffer).
 
         One system call per merged read whether or not kvikio is installed: a
         sharded block is then one ``preadv`` per shard instead of one kvikio
         future (and its Python bookkeeping) per inner chunk, and the chunks still
         land at aligned slots. ``gpuzarr.shards.local-reads: kvikio`` restores
-        one kvikio read per piece (to compare on a GPU machine).
+        one kvikio read per piece (to compare on a GPU machine). ``prepared``:
+        :meth:`prepare_ranges`' tables for ``reads``, built before ``buf`` was.
         """
-        kvikio = _kvikio() if dask.config.get("gpuzarr.shards.local-reads", "preadv") == "kvikio" else None
+        kvikio = _kvikio() if _ranges_by_kvikio() else None
         if kvikio is not None:
             return self._ranges_kvikio(kvikio, reads, buf)
+        tables = prepared if prepared is not None else ReadTables.checked(reads, memoryview(buf).nbytes, self.array)
+        try:
+            bound = tables.bind(buf) if available() else None  # numpy tables for libc's preadv, no object per piece
+        except ValueError as e:
+            raise RuntimeError(f"{self.array}: the reads of {len(reads)} ranges: {e}") from None
         fds = self._open_all([r.key for r in reads])
         view = memoryview(buf).cast("B")
-        arrays = [piece_arrays(r) for r in reads]
-        gap = max((int(gaps(r.offset, o, s).max()) for r, (o, s, _) in zip(reads, arrays) if len(o)), default=0)
-        scratch = bytearray(max(gap, 1))  # gap bytes land here; nobody reads them
-        where, scratch_at = writable_address(buf), writable_address(scratch)
-        tables: list = [None] * len(reads)
-        if where is not None and scratch_at is not None and available():  # a numpy table per read, no object per piece
-            for i, (r, pieces) in enumerate(zip(reads, arrays)):
-                try:
-                    tables[i] = iovec_table(r.offset, *pieces, where, scratch_at)
-                except ValueError as e:  # a planning error: never let the kernel write past the buffers
-                    raise RuntimeError(f"{self.array}: the read of {r.key!r} at {r.offset}: {e}") from None
+        scratch = memoryview(tables.scratch)
 
-        def one(r: MergedRead, table: np.ndarray | None) -> int:
+        def fallback(i: int) -> int:  # os.preadv: one buffer object per piece (no libc preadv, or no address)
+            r = reads[i]
             fd = fds[r.key]
             if fd is None:
                 return -1
+            iov, pos = [], r.offset
+            for off, n, dest in r.pieces:  # pieces of one read never overlap (see coalesce)
+                if off > pos:
+                    iov.append(scratch[: off - pos])
+                iov.append(view[dest : dest + n])
+                pos = off + n
             try:
-                if table is not None:
-                    got = preadv_table(fd, table, r.offset)
-                    if got is not None:
-                        return got
-                iov, pos = [], r.offset
-                for off, n, dest in r.pieces:  # pieces of one read never overlap (see coalesce)
-                    if off > pos:
-                        iov.append(memoryview(scratch)[: off - pos])
-                    iov.append(view[dest : dest + n])
-                    pos = off + n
                 return _preadv_all(fd, iov, r.offset)
             except OSError as e:
                 raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
 
-        def several(run: slice) -> list[int]:
-            return [one(reads[i], tables[i]) for i in range(run.start, run.stop)]
+        def direct(i: int) -> int:  # libc's preadv on the read's rows of the bound tables
+            r = reads[i]
+            fd = fds[r.key]
+            if fd is None:
+                return -1
+            lo, hi = tables.bounds[i]
+            try:
+                return preadv_table(fd, bound[lo:hi], r.offset)
+            except OSError as e:
+                raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
 
-        # at most one job per I/O thread, runs of consecutive reads of about equal bytes: each job is a Python
-        # call that takes the GIL to start, to return and to hand its result back, beside other blocks' work
-        # (a block of 56 shards on 16 I/O threads, session 22)
+        run = fallback if bound is None else direct
+        got = [0] * len(reads)
+        following = itertools.count()
+
+        def job() -> None:  # takes the next read until none is left: a slow read holds up only its own thread
+            while (i := next(following)) < len(reads):
+                got[i] = run(i)
+
+        # at most one job per I/O thread, each taking reads as it comes free: each job is a Python call that takes
+        # the GIL to start and to return, beside other blocks' work (a block of 31 shards on 16 I/O threads)
         try:
             k = min(io_threads(), len(reads))
-            runs = balanced_runs(np.array([r.length for r in reads], dtype=np.int64), k) if k > 1 else [slice(0, len(reads))]
-            if len(runs) > 1:  # none still reading into buf when the files close
-                done = map_all(io_pool(), several, runs)
+            if k > 1:  # none still reading into buf when the files close
+                map_all(io_pool(), lambda _: job(), range(k))
             else:
-                done = [several(r) for r in runs]
+                job()
         finally:
             self._close_own(fds)
-        return [n for res in done for n in res]  # the runs cover the reads in order
+        return got
 
     def _ranges_kvikio(self, kvikio: Any, reads: Sequence[MergedRead], buf: Any) -> list[int]:
         sizes: dict[str, int] = {}
@@ -396,6 +409,11 @@ class LocalChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"LocalChunkStore({self.root!r})"
+
+
+def _ranges_by_kvikio() -> bool:
+    """Whether ``gpuzarr.shards.local-reads`` asks for one kvikio read per piece (to compare on a GPU machine)."""
+    return dask.config.get("gpuzarr.shards.local-reads", "preadv") == "kvikio"
 
 
 def _close(fds: dict[str, int | None]) -> None:

@@ -280,6 +280,7 @@ class ShardedChunkStore(ChunkStore):
             from_whole = np.isin(which, [j for j, s in enumerate(shards) if s in whole])
             rest = ~from_whole
         reads = self._plan_reads(shards, which[rest], offs[rest], sizes[rest], dests[rest])  # before the turn
+        prepared = self.base.prepare_ranges(reads, total)  # local files: the iovec tables, before the turn too
         timed("range planning")
         buf = staging(total)
         timed("staging alloc")  # pinned memory on the GPU path: a pool hit, or a fresh pinned allocation
@@ -287,7 +288,7 @@ class ShardedChunkStore(ChunkStore):
             self._copy_from_whole(buf, whole, keys, shards, which, offs, sizes, dests, from_whole)
         timed("whole shard copies")
         try:
-            got = self.base.read_ranges_into(reads, buf)
+            got = self.base.read_ranges_into(reads, buf, prepared)
         except ChunkReadError as e:
             raise self._name_chunk(e, keys, "reading byte ranges") from None
         timed("range reads")

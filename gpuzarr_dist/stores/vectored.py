@@ -34,6 +34,7 @@ import ctypes
 import errno
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -85,7 +86,7 @@ def available() -> bool:
 
 def gaps(start: int, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The bytes a read from ``start`` passes over before each piece (negative where pieces overlap)."""
-    return offsets - np.concatenate(([start], offsets[:-1] + lengths[:-1]))
+    return _gap_sizes(np.array([start], dtype=np.int64), np.array([len(offsets)]), offsets, lengths)
 
 
 def writable_address(buf: Any) -> tuple[int, int] | None:
@@ -94,6 +95,42 @@ def writable_address(buf: Any) -> tuple[int, int] | None:
         return None if memoryview(buf).readonly else address(buf)
     except (TypeError, ValueError):
         return None
+
+
+class PlanError(ValueError):
+    """A table that would make the kernel write outside its buffers; ``read`` is the index of the read at fault."""
+
+    def __init__(self, message: str, read: int):
+        super().__init__(message)
+        self.read = read
+
+
+def _table_rows(starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray,
+                nbytes: int, scratch_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The iovec rows of reads ``i`` from ``starts[i]`` of their ``counts[i]`` pieces (``offsets``, ``lengths``,
+    ``dests``, read after read): ``(table, gap, rows)``, where ``table`` (uint64 ``(k, 2)``) holds each piece's
+    destination *offset* in the buffer and 0 for each gap's address, ``gap`` marks the gap rows and ``rows[i]``
+    is how many rows read ``i`` has. Raises :class:`PlanError` (see :func:`iovec_table`)."""
+    m = len(offsets)
+    read_of = np.repeat(np.arange(len(counts)), counts)
+    gap = _gap_sizes(starts, counts, offsets, lengths)
+    outside = np.flatnonzero((dests < 0) | (dests + lengths > nbytes) | (lengths < 0))
+    if len(outside):
+        raise PlanError(f"pieces planned outside the {nbytes}-byte buffer", int(read_of[outside[0]]))
+    wrong = np.flatnonzero((gap < 0) | (gap > scratch_bytes))
+    if len(wrong):
+        raise PlanError(f"pieces overlap or leave a gap larger than the {scratch_bytes}-byte scratch buffer",
+                        int(read_of[wrong[0]]))
+    has_gap = gap > 0
+    slot = np.arange(m) + np.cumsum(has_gap)
+    table = np.zeros((m + int(has_gap.sum()), 2), dtype=np.uint64)
+    table[slot, 0] = dests
+    table[slot, 1] = lengths
+    table[slot[has_gap] - 1, 1] = gap[has_gap]
+    is_gap = np.zeros(len(table), dtype=bool)
+    is_gap[slot[has_gap] - 1] = True
+    rows = counts + np.bincount(read_of[has_gap], minlength=len(counts))
+    return table, is_gap, rows
 
 
 def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray, buf: tuple[int, int],
@@ -105,19 +142,75 @@ def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.
 
     Raises ``ValueError`` where a piece would land outside ``buf``, or a gap does not fit in ``scratch``
     (the kernel would write past them: nothing here checks addresses after this)."""
-    gap = gaps(start, offsets, lengths)
-    if len(dests) and (int(dests.min()) < 0 or int((dests + lengths).max()) > buf[1] or int(lengths.min()) < 0):
-        raise ValueError(f"pieces planned outside the {buf[1]}-byte buffer")
-    if len(gap) and (int(gap.min()) < 0 or int(gap.max()) > scratch[1]):
-        raise ValueError(f"pieces overlap or leave a gap larger than the {scratch[1]}-byte scratch buffer")
-    has_gap = gap > 0
-    slot = np.arange(len(offsets)) + np.cumsum(has_gap)
-    table = np.empty((len(offsets) + int(has_gap.sum()), 2), dtype=np.uint64)
-    table[slot, 0] = buf[0] + dests
-    table[slot, 1] = lengths
-    table[slot[has_gap] - 1, 0] = scratch[0]
-    table[slot[has_gap] - 1, 1] = gap[has_gap]
+    offsets, lengths, dests = (np.asarray(a, dtype=np.int64) for a in (offsets, lengths, dests))
+    table, is_gap, _ = _table_rows(np.array([start], dtype=np.int64), np.array([len(offsets)]), offsets, lengths,
+                                   dests, buf[1], scratch[1])
+    table[:, 0] += np.where(is_gap, np.uint64(scratch[0]), np.uint64(buf[0]))
     return table
+
+
+class ReadTables:
+    """The iovec tables of a call's merged reads (:func:`iovec_table`'s, one array for all), planned for a
+    buffer of ``nbytes`` before that buffer exists; :meth:`bind` gives them its address.
+
+    A GPU block plans its reads before its read turn (see
+    :func:`gpuzarr_dist.reader_gpu.read_plan_gpu`): building 31 tables of
+    a 124-step block one by one inside the turn was numpy and Python under
+    the GIL, beside the other blocks' work, while every other block waited
+    for the turn. Inside the turn only :meth:`bind` is left: one addition.
+    """
+
+    def __init__(self, reads: Sequence[Any], nbytes: int):
+        from .ranges import piece_arrays
+
+        arrays = [piece_arrays(r) for r in reads]
+        counts = np.array([len(a[0]) for a in arrays], dtype=np.int64)
+        cat = [np.concatenate([a[k] for a in arrays]).astype(np.int64, copy=False) if arrays else np.empty(0, np.int64)
+               for k in range(3)]
+        starts = np.array([r.offset for r in reads], dtype=np.int64)
+        self.nbytes = nbytes
+        gap = max(1, int(np.max(_gap_sizes(starts, counts, cat[0], cat[1]), initial=0)))
+        self._table, self._gap, rows = _table_rows(starts, counts, *cat, nbytes, gap)
+        self.scratch = bytearray(gap)  # gap bytes land here; nobody reads them
+        ends = np.cumsum(rows)
+        self.bounds = list(zip((ends - rows).tolist(), ends.tolist()))
+        self._bound = False
+
+    @classmethod
+    def checked(cls, reads: Sequence[Any], nbytes: int, array: str) -> "ReadTables":
+        """The tables, or ``RuntimeError`` naming ``array`` and the read whose pieces would land outside the
+        buffer or overlap (a planning error: the kernel must never write past the buffers)."""
+        try:
+            return cls(reads, nbytes)
+        except PlanError as e:
+            r = reads[e.read]
+            raise RuntimeError(f"{array}: the read of {r.key!r} at {r.offset}: {e}") from None
+
+    def bind(self, buf: Any) -> np.ndarray | None:
+        """The tables with ``buf``'s address (``None`` where ``buf`` has no writable address); once per plan.
+
+        Raises ``ValueError`` where ``buf`` is smaller than the ``nbytes`` planned for."""
+        where, scratch_at = writable_address(buf), writable_address(self.scratch)
+        if where is None or scratch_at is None:
+            return None
+        if where[1] < self.nbytes:
+            raise ValueError(f"pieces planned outside the {where[1]}-byte buffer (planned for {self.nbytes} bytes)")
+        if self._bound:
+            raise RuntimeError("ReadTables.bind: these tables hold addresses already")
+        self._bound = True
+        self._table[:, 0] += np.where(self._gap, np.uint64(scratch_at[0]), np.uint64(where[0]))
+        return self._table
+
+
+def _gap_sizes(starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The bytes each piece's read passes over before it (negative where pieces overlap), for reads from
+    ``starts`` of ``counts`` pieces each, the pieces read after read."""
+    prev_end = np.empty(len(offsets), dtype=np.int64)
+    if len(offsets):
+        prev_end[1:] = offsets[:-1] + lengths[:-1]
+        has = counts > 0
+        prev_end[(np.cumsum(counts) - counts)[has]] = starts[has]
+    return offsets - prev_end
 
 
 def preadv_table(fd: int, table: np.ndarray, offset: int) -> int | None:

@@ -111,6 +111,14 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     for every block ahead of it. Measured on one H200 (the Cubed variant's
     time mean, 8 threads): the combining operation's 64 reads of 1-2 MB
     spent 5.5 ms each waiting for a turn and 1.2 ms reading.
+``gpuzarr.gpu.plan-turns``
+    With read slots on (``gpuzarr.gpu.read-slots`` above 0), blocks also
+    prepare their reads one at a time, in the order they asked (default
+    ``True``): key lists, file opens and sizes, shard indexes, range plans.
+    That work is Python, under the GIL; done by every block at once it
+    shared the GIL evenly and every block became ready late, so the first
+    read turn began late. One at a time, the first block is ready after its
+    own preparation and reads while the next ones prepare.
 ``gpuzarr.gpu.decode-combine``
     With ``device="gpu"``, join the nvCOMP decode calls that threads of a
     process make at the same moment into one call (``True``), instead of one
@@ -305,15 +313,28 @@ def nvcomp_api() -> str:
     return v
 
 
-def gpu_decode_combine() -> bool:
-    """``gpuzarr.gpu.decode-combine``: whether nvCOMP decode calls made at the same time are joined into one."""
-    v = dask.config.get("gpuzarr.gpu.decode-combine", False)
+def _flag_setting(key: str, default: bool) -> bool:
+    """A true/false setting: a bool, or one of its usual spellings as a string. Raises naming the key."""
+    v = dask.config.get(key, default)
     if isinstance(v, str):
         t = v.strip().lower()
         if t not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
-            raise ValueError(f"gpuzarr.gpu.decode-combine must be true or false, not {v!r}")
+            raise ValueError(f"{key} must be true or false, not {v!r}")
         return t in ("true", "1", "yes", "on")
     return bool(v)
+
+
+def gpu_decode_combine() -> bool:
+    """``gpuzarr.gpu.decode-combine``: whether nvCOMP decode calls made at the same time are joined into one."""
+    return _flag_setting("gpuzarr.gpu.decode-combine", False)
+
+
+dask.config.update_defaults({"gpuzarr": {"gpu": {"plan-turns": True}}})
+
+
+def gpu_plan_turns() -> bool:
+    """``gpuzarr.gpu.plan-turns``: whether GPU blocks that take read turns also plan their reads one at a time."""
+    return _flag_setting("gpuzarr.gpu.plan-turns", True)
 
 
 def _count_setting(key: str, default: int) -> int:

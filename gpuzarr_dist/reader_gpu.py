@@ -11,7 +11,10 @@ once (one by default), so that blocks land one after another and each decodes
 while the next ones are read (:attr:`~gpuzarr_dist.stores.base.ChunkStore.read_turns`).
 A block takes its turn once its files are sized and opened and its staging
 buffer is found, just before the reads; a block of fewer stored bytes than
-``gpuzarr.gpu.read-slot-min`` takes none.
+``gpuzarr.gpu.read-slot-min`` takes none. Before that, blocks prepare their
+reads (keys, opens and sizes, shard indexes, range plans) one at a time too
+(``gpuzarr.gpu.plan-turns``), so that the first is ready after its own
+preparation, not after everyone's.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numpy as np
 from .assemble import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
 from .stages import stage_timer
 from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
-from .config import gpu_read_slot_min_bytes, gpu_read_slots
+from .config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
 from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
 from .runtime.threads import read_slot
 from .runtime.once import warn_once
@@ -56,12 +59,14 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         stream.synchronize()
         return out
     timed = stage_timer()
-    keys = spec.chunk_keys(plan.coords())
     slots = gpu_read_slots() if getattr(reader.store, "read_turns", False) else 0  # local files; object stores cap requests already
     turn_min = gpu_read_slot_min_bytes()
-    with ExitStack() as turn:  # blocks land one after another: each decodes while the next ones read
+    with ExitStack() as turn, ExitStack() as preparing:  # blocks land one after another: each decodes while the next ones read
+        if slots and gpu_plan_turns():  # and prepare one after another: the first is ready after its own preparation
+            preparing.enter_context(read_slot(1, "plan"))
 
         def staging(nbytes: int):
+            preparing.close()  # prepared: the next block's preparation runs beside this one's reads
             # the buffer before the turn: pinning new memory (a staging pool miss) took 100-250 ms for 512 MiB
             # on an H200, and inside the turn every other block's reads waited for it
             buf = pinned_staging(nbytes)
@@ -70,6 +75,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
             return buf
 
         turn_taken: list = []
+        keys = spec.chunk_keys(plan.coords())
         host, offsets, sizes = reader.store.read_into(keys, staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:

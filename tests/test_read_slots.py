@@ -32,6 +32,32 @@ def test_read_slots_setting():
         gpu_read_slots()
 
 
+def test_plan_turns_setting():
+    from gpuzarr_dist.config import gpu_plan_turns
+
+    assert gpu_plan_turns() is True  # the default: blocks that take read turns prepare one at a time
+    for off in (False, "off", "0"):
+        with dask.config.set({"gpuzarr.gpu.plan-turns": off}):
+            assert gpu_plan_turns() is False
+    with dask.config.set({"gpuzarr.gpu.plan-turns": "sometimes"}), pytest.raises(ValueError, match="plan-turns"):
+        gpu_plan_turns()
+
+
+def test_plan_and_read_slots_are_apart():
+    """A block preparing (the ``plan`` slot) never keeps another from reading (the ``read`` slot)."""
+    done = []
+
+    def read() -> None:
+        with read_slot(1):
+            done.append(1)
+
+    with read_slot(1, "plan"):
+        t = threading.Thread(target=read)
+        t.start()
+        t.join(5)
+        assert done == [1]
+
+
 def test_read_slot_min_setting():
     from gpuzarr_dist.config import gpu_read_slot_min_bytes
 
@@ -122,30 +148,45 @@ def test_only_local_files_take_turns(tmp_path):
     assert isinstance(mem, ZarrChunkStore) and not mem.read_turns
 
 
-def _count_concurrent_reads(monkeypatch, cls, hold: float) -> list[int]:
-    """Patch ``cls.read_into`` to count the calls at once between their staging buffer and their return (the
-    reads, which a block's turn covers), holding each ``hold`` seconds there; returns ``[peak]`` (updated live)."""
+def _count_concurrent_reads(monkeypatch, cls, hold: float, phase: str = "reads") -> list[int]:
+    """Patch ``cls.read_into`` to count the calls at once in one ``phase``, holding each ``hold`` seconds there;
+    returns ``[peak]`` (updated live). ``"reads"``: between their staging buffer and their return (the reads,
+    which a block's read turn covers); ``"prepare"``: from their start to their staging buffer (keys, opens,
+    sizes, which a block's plan turn covers)."""
     inside, peak, lock = [0], [0], threading.Lock()
     real = cls.read_into
+
+    def enter() -> None:
+        with lock:
+            inside[0] += 1
+            peak[0] = max(peak[0], inside[0])
+        time.sleep(hold)
+
+    def leave() -> None:
+        with lock:
+            inside[0] -= 1
 
     def read_into(self, keys, staging, *args, **kwargs):
         counted = [False]
 
         def staged(nbytes):
-            buf = staging(nbytes)  # the reader's: its turn starts here
-            with lock:
-                inside[0] += 1
-                peak[0] = max(peak[0], inside[0])
-            counted[0] = True
-            time.sleep(hold)
+            if phase == "prepare":
+                leave()
+                counted[0] = False
+            buf = staging(nbytes)  # the reader's: its read turn starts here
+            if phase == "reads":
+                enter()
+                counted[0] = True
             return buf
 
+        if phase == "prepare":
+            enter()
+            counted[0] = True
         try:
             return real(self, keys, staged, *args, **kwargs)
         finally:
             if counted[0]:
-                with lock:
-                    inside[0] -= 1
+                leave()
 
     monkeypatch.setattr(cls, "read_into", read_into)
     return peak
@@ -217,3 +258,23 @@ def test_blocks_below_read_slot_min_take_no_turn(tmp_path, monkeypatch, turns):
             assert_same(x.compute().get(), expected)
     assert block < 64 * max(stored)
     assert (peak[0] == 1) if turns else (peak[0] > 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan_turns", [True, False])
+def test_blocks_prepare_one_at_a_time_with_plan_turns(tmp_path, monkeypatch, plan_turns):
+    """With read slots on, blocks prepare their reads (up to their staging buffer) one at a time unless
+    ``gpuzarr.gpu.plan-turns`` is off; values equal zarr-python's either way."""
+    from gpuzarr_dist.stores.local import LocalChunkStore
+
+    path = str(tmp_path / "a.zarr")
+    data = make_data("float32", (64, 32, 40), seed=9, specials=False)
+    write_array(path, data, (2, 16, 20), compressors=[zc.ZstdCodec(level=1)])
+    expected = reference(path)
+    peak = _count_concurrent_reads(monkeypatch, LocalChunkStore, 0.01, phase="prepare")
+    x = gz.from_zarr_gpu(path, device="gpu", chunks=(8, 32, 40))
+    with dask.config.set({"gpuzarr.gpu.read-slots": 1, "gpuzarr.gpu.read-slot-min": 0, "gpuzarr.gpu.plan-turns": plan_turns,
+                          "scheduler": "threads", "num_workers": 8}):
+        for _ in range(3):
+            assert_same(x.compute().get(), expected)
+    assert (peak[0] == 1) if plan_turns else (peak[0] > 1)

@@ -59,12 +59,13 @@ def folder_pool() -> ThreadPoolExecutor:
     return _pool("folders", min(4, config.io_threads()))
 
 
-_slots: dict[tuple[int, int], "_FifoSemaphore"] = {}
+_slots: dict[tuple[int, str, int], "_FifoSemaphore"] = {}
 
 
 @contextmanager
-def read_slot(n: int) -> Iterator[None]:
-    """Hold one of ``n`` process-wide slots for a block's read (``n`` 0: no limit), first come first served.
+def read_slot(n: int, kind: str = "read") -> Iterator[None]:
+    """Hold one of ``n`` process-wide slots of ``kind`` for a block (``n`` 0: no limit), first come first served:
+    ``"read"`` for its reads, ``"plan"`` for preparing them (see :func:`gpuzarr_dist.reader_gpu.read_plan_gpu`).
 
     Waiting threads are let in in the order they asked, so blocks land one
     after another in task order instead of all together.
@@ -72,7 +73,7 @@ def read_slot(n: int) -> Iterator[None]:
     if n <= 0:
         yield
         return
-    key = (os.getpid(), n)  # a forked child makes its own
+    key = (os.getpid(), kind, n)  # a forked child makes its own
     sem = _slots.get(key)
     if sem is None:
         with _lock:

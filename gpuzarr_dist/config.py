@@ -56,6 +56,12 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     in one block; the time mean's share of the raw GET rate with this cap /
     without: sharded with 1 MiB inner chunks 60% / 42%, 256 KiB 43% / 40%,
     unsharded 73% / 78% (the same 0.85 s both times; the GET rate moved).
+``gpuzarr.remote.malloc-thresholds``
+    ``auto`` (default): the first object-store client of a process raises
+    glibc's ``malloc`` thresholds (``mmap`` 32 MiB, trim 128 MiB), so that
+    freeing a large response does not unmap it with the GIL held (see
+    :mod:`gpuzarr_dist.runtime.malloc`); left alone where the environment sets
+    glibc's malloc already. ``False``: never.
 ``gpuzarr.io-retries`` / ``gpuzarr.io-retry-delay``
     How often a chunk read that failed with a transient ``OSError`` (``EIO``,
     ``EAGAIN``, ``ETIMEDOUT`` ...) is tried again (default 3), and the wait in
@@ -182,7 +188,8 @@ DEFAULTS: dict = {
         "local-reads": "auto",
         "decode-threads": None,
         "shards": {"merge-gap": None, "max-range": "16 MiB", "local-reads": "preadv"},
-        "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60, "block-size": "128 MiB"},
+        "remote": {"concurrency": 64, "retries": 5, "backoff": 0.1, "timeout": 60, "block-size": "128 MiB",
+                   "malloc-thresholds": "auto"},
         "io-retries": 3,
         "io-retry-delay": 0.05,
     }

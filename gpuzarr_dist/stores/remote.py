@@ -47,7 +47,7 @@ import dask.config
 from .base import ChunkStore
 from .ranges import ByteRange
 from ..errors import ChunkReadError
-from ..runtime import aio
+from ..runtime import aio, malloc
 
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 
@@ -255,6 +255,7 @@ def _client(key: str, make: Callable[[], Any]) -> Any:
             _clients.move_to_end(key)
             return client
     client = make()  # outside the lock: a bad configuration raises here, naming the array
+    malloc.raise_thresholds()  # a process that reads object stores keeps large responses' memory mapped
     with _clients_lock:
         client = _clients.setdefault(key, client)
         _clients.move_to_end(key)

@@ -74,6 +74,8 @@ def tree(tmp_path_factory):
     zarr.create_array(f"{root}/v2.zarr", data=data, chunks=(2, 16, 16), zarr_format=2)
     g = zarr.open_group(f"{root}/group.zarr", mode="w")
     g.create_array("t", data=data, chunks=(3, 15, 20))
+    os.makedirs(f"{root}/broken.zarr")
+    pathlib.Path(f"{root}/broken.zarr/zarr.json").write_text('{"zarr_format": 3, "node_type": "array", "shape": [')
     expected = {name: reference(f"{root}/{name}") for name in ("end.zarr", "start.zarr", "partial.zarr", "ts_end.zarr",
                                                                  "ts_start.zarr", "plain.zarr", "v2.zarr")}
     expected["group.zarr/t"] = reference(f"{root}/group.zarr", "t")
@@ -331,6 +333,28 @@ def test_persistent_503_is_retried_then_reported_with_the_url(tree, http):
     msg = str(info.value)
     assert f"{http[0]}/end.zarr/c/0/0/1" in msg and "503" in msg and "after 4 attempts" in msg
     assert "c/0/0/1[" in msg  # the inner chunk that needed the shard
+
+
+def test_a_v3_array_opens_with_one_metadata_request(tree, http, s3):
+    """``zarr.json`` only (zarr-python's opening asked for ``.zarray`` and ``.zattrs`` too); a v2 array, a
+    group and a damaged document still open, or fail, as zarr-python's opening says."""
+    _, faults = http
+    faults.clear()
+    x = gz.from_zarr_gpu(f"{http[0]}/end.zarr", device=dev())
+    assert [p for p, _ in faults.requests] == ["/end.zarr/zarr.json"]
+    assert_same(compute_checked(x[2:4]), tree[1]["end.zarr"][2:4])
+    faults.clear()
+    x = gz.from_zarr_gpu(f"{http[0]}/group.zarr", "t", device=dev())
+    assert [p for p, _ in faults.requests] == ["/group.zarr/t/zarr.json"]
+    assert_same(compute_checked(x), tree[1]["group.zarr/t"])
+    assert_same(compute_checked(gz.from_zarr_gpu(f"{http[0]}/v2.zarr", device=dev())), tree[1]["v2.zarr"])
+    with pytest.raises(ValueError, match=r"group.zarr is a Zarr group; pass component= naming one of its arrays: "
+                                         r"\(this store cannot list them\)"):  # plain HTTP: no listing
+        gz.from_zarr_gpu(f"{http[0]}/group.zarr", device=dev())
+    with pytest.raises(gz.GpuZarrError, match="broken.zarr: could not read the Zarr metadata"):
+        gz.from_zarr_gpu(f"{http[0]}/broken.zarr", device=dev())
+    with pytest.raises(ValueError, match=r"group.zarr is a Zarr group; pass component= naming one of its arrays: \['t'\]"):
+        _open("s3", http, s3, "group.zarr")  # S3 lists
 
 
 def test_missing_array_and_403_on_metadata(http):

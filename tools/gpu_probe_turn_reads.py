@@ -19,8 +19,7 @@ names = os.environ.get("VARIANTS", "unsharded,inner256k").split(",")
 setting = dict(kv.split("=", 1) for kv in os.environ.get("SET", "").split(",") if kv)
 import gpuzarr_dist.reader_gpu as rg
 import gpuzarr_dist.stores.local as lo
-from gpuzarr_dist.bench.shards import write_variants
-from gpuzarr_dist.graph import from_zarr_gpu
+from gpuzarr_dist.bench.shards import _mean, write_variants
 paths = write_variants(root, steps, 721, 1440, shard_t=4)
 turns, calls = [], []
 lock = threading.Lock()
@@ -39,16 +38,13 @@ def pv(fd, table, offset):
     with lock: calls.append((threading.get_ident(), t, e, r or 0))
     return r
 rg.read_slot = slot; lo.preadv_table = pv
-def mean(path):
-    x = from_zarr_gpu(path, device="gpu")
-    with dask.config.set(scheduler="threads", num_workers=16):
-        float(x.mean(axis=0).compute()[0, 0])
 with dask.config.set(setting):
     for name in names:
-        mean(paths[name])
+        mean = _mean(paths[name], "gpu", 16)  # bench shards' time mean, 16 threads
+        mean()
         for r in range(runs):
             turns.clear(); calls.clear()
-            t0 = time.perf_counter(); mean(paths[name]); t1 = time.perf_counter()
+            t0 = time.perf_counter(); mean(); t1 = time.perf_counter()
             ms = lambda t: (t - t0) * 1e3
             ts = sorted(turns)
             print(f"{name} run {r}: {ms(t1):.0f} ms; first turn in {ms(ts[0][0]):.1f}, last out {ms(ts[-1][1]):.1f}, tail {ms(t1) - ms(ts[-1][1]):.1f}; "

@@ -106,14 +106,17 @@ class PlanError(ValueError):
 
 
 def _table_rows(starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray,
-                nbytes: int, scratch_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                nbytes: int, scratch_bytes: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """The iovec rows of reads ``i`` from ``starts[i]`` of their ``counts[i]`` pieces (``offsets``, ``lengths``,
-    ``dests``, read after read): ``(table, gap, rows)``, where ``table`` (uint64 ``(k, 2)``) holds each piece's
-    destination *offset* in the buffer and 0 for each gap's address, ``gap`` marks the gap rows and ``rows[i]``
-    is how many rows read ``i`` has. Raises :class:`PlanError` (see :func:`iovec_table`)."""
+    ``dests``, read after read): ``(table, gap, rows, scratch_bytes)``, where ``table`` (uint64 ``(k, 2)``)
+    holds each piece's destination *offset* in the buffer and 0 for each gap's address, ``gap`` marks the gap
+    rows and ``rows[i]`` is how many rows read ``i`` has. ``scratch_bytes`` ``None``: a scratch buffer as large
+    as the largest gap (at least 1 byte). Raises :class:`PlanError` (see :func:`iovec_table`)."""
     m = len(offsets)
     read_of = np.repeat(np.arange(len(counts)), counts)
     gap = _gap_sizes(starts, counts, offsets, lengths)
+    if scratch_bytes is None:
+        scratch_bytes = max(1, int(np.max(gap, initial=0)))
     outside = np.flatnonzero((dests < 0) | (dests + lengths > nbytes) | (lengths < 0))
     if len(outside):
         raise PlanError(f"pieces planned outside the {nbytes}-byte buffer", int(read_of[outside[0]]))
@@ -130,7 +133,7 @@ def _table_rows(starts: np.ndarray, counts: np.ndarray, offsets: np.ndarray, len
     is_gap = np.zeros(len(table), dtype=bool)
     is_gap[slot[has_gap] - 1] = True
     rows = counts + np.bincount(read_of[has_gap], minlength=len(counts))
-    return table, is_gap, rows
+    return table, is_gap, rows, scratch_bytes
 
 
 def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.ndarray, buf: tuple[int, int],
@@ -143,7 +146,7 @@ def iovec_table(start: int, offsets: np.ndarray, lengths: np.ndarray, dests: np.
     Raises ``ValueError`` where a piece would land outside ``buf``, or a gap does not fit in ``scratch``
     (the kernel would write past them: nothing here checks addresses after this)."""
     offsets, lengths, dests = (np.asarray(a, dtype=np.int64) for a in (offsets, lengths, dests))
-    table, is_gap, _ = _table_rows(np.array([start], dtype=np.int64), np.array([len(offsets)]), offsets, lengths,
+    table, is_gap, _, _ = _table_rows(np.array([start], dtype=np.int64), np.array([len(offsets)]), offsets, lengths,
                                    dests, buf[1], scratch[1])
     table[:, 0] += np.where(is_gap, np.uint64(scratch[0]), np.uint64(buf[0]))
     return table
@@ -169,8 +172,7 @@ class ReadTables:
                for k in range(3)]
         starts = np.array([r.offset for r in reads], dtype=np.int64)
         self.nbytes = nbytes
-        gap = max(1, int(np.max(_gap_sizes(starts, counts, cat[0], cat[1]), initial=0)))
-        self._table, self._gap, rows = _table_rows(starts, counts, *cat, nbytes, gap)
+        self._table, self._gap, rows, gap = _table_rows(starts, counts, *cat, nbytes, None)
         self.scratch = bytearray(gap)  # gap bytes land here; nobody reads them
         ends = np.cumsum(rows)
         self.bounds = list(zip((ends - rows).tolist(), ends.tolist()))

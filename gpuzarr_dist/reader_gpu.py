@@ -138,28 +138,39 @@ def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shap
     return True
 
 
-#: one thread per element of the block: which chunk of the grid and where in it (C order), in one pass
+#: one CUDA block per row of the block's last axis at a time: the row's chunk and its place in it are worked out
+#: once per row (64-bit, the other axes), each element's along the last axis in ``U`` (32-bit unless that axis
+#: is too long). Session 23's kernel, one thread per element working out every axis with 64-bit divisions
+#: (nine per element of a 3-d block), placed a (96, 721, 1440) float32 block of 256 KiB or 1 MiB inner chunks
+#: in 1.36 ms; this one in 0.50 ms (H100, alone, ``tools/gpu_probe_place.py``).
 _PLACE_SRC = r"""
-extern "C" __global__ void place_tiles(const T* chunks, T* out, long long total, int nd, const long long* dims,
-                                       long long tile_stride) {
+extern "C" __global__ void place_rows(const T* chunks, T* out, long long rows, int nd, const long long* dims,
+                                      long long tile_stride) {
     // dims: the block's shape, the chunk shape, the grid (chunks per axis), the block's start in its first chunk
     const long long *shape = dims, *chunk = dims + nd, *grid = dims + 2 * nd, *start = dims + 3 * nd;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
-         i += (long long)gridDim.x * blockDim.x) {
-        long long rem = i, tile = 0, within = 0, tmul = 1, wmul = 1;
-        for (int d = nd - 1; d >= 0; d--) {
-            long long o = rem % shape[d], g;
+    const U X = (U)shape[nd - 1], cx = (U)chunk[nd - 1], sx = (U)start[nd - 1];
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        long long rem = r, tile = 0, within = 0, tmul = grid[nd - 1], wmul = chunk[nd - 1];
+        for (int d = nd - 2; d >= 0; d--) {
+            long long o = rem % shape[d], g, q;
             rem /= shape[d];
             g = o + start[d];
-            long long q = g / chunk[d];
+            q = g / chunk[d];
             tile += q * tmul; tmul *= grid[d];
             within += (g - q * chunk[d]) * wmul; wmul *= chunk[d];
         }
-        out[i] = chunks[tile * tile_stride + within];
+        const T* src = chunks + tile * tile_stride + within;  // the row's first chunk along the last axis
+        T* dst = out + r * (long long)X;
+        for (U x = threadIdx.x; x < X; x += blockDim.x) {
+            U g = x + sx, q = g / cx;
+            dst[x] = src[(long long)q * tile_stride + (g - q * cx)];
+        }
     }
 }
 """
 _PLACE_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
+#: the last axis' arithmetic is 32-bit while the block's last axis plus its start, and the chunk's, stay below this
+_PLACE_NARROW = 1 << 32
 
 
 def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shape: tuple[int, ...]) -> None:
@@ -172,8 +183,6 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     second copy and an allocation as large as the block: 88 ms per 800 MB
     block of 256 KiB inner chunks under 16 threads, H200, session 17).
     """
-    from .codecs.gpu import _kernel
-
     first, last = plan.first, plan.last
     grid = tuple(b - a + 1 for a, b in zip(first.coords, last.coords))
     item = out.dtype.itemsize
@@ -188,14 +197,28 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
         _place_grid(padded, chunks, chunk_shape)
         out[...] = padded[tuple(slice(s.start, s.start + n) for s, n in zip(first.chunk_sel, out.shape))]
         return
-    kind = _PLACE_TYPES[item]
-    kernel = _kernel("place_tiles", f"typedef {kind} T;\n" + _PLACE_SRC, (f"-DGZ_PLACE_ITEM={item}",))  # one build per item size
+    place_tiles(out, chunks, chunk_shape, grid, tuple(s.start for s in first.chunk_sel))
+
+
+def place_tiles(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int, ...], grid: tuple[int, ...],
+                start: tuple[int, ...]) -> None:
+    """Queue :data:`_PLACE_SRC`'s kernel: ``out`` (C-contiguous) from ``chunks``, a C-ordered ``grid`` of tiles of
+    ``chunk_shape`` (each at a multiple of ``chunks.strides[0]``), the block starting ``start`` into its first tile."""
+    from .codecs.gpu import _kernel
+
+    if not out.size:
+        return
+    item = out.dtype.itemsize
+    wide = out.shape[-1] + start[-1] >= _PLACE_NARROW or chunk_shape[-1] >= _PLACE_NARROW
+    u = "unsigned long long" if wide else "unsigned int"
+    kernel = _kernel("place_rows", f"typedef {_PLACE_TYPES[item]} T;\ntypedef {u} U;\n" + _PLACE_SRC,
+                     (f"-DGZ_PLACE_ITEM={item}", f"-DGZ_PLACE_WIDE={int(wide)}"))  # one build per item size and width
     nd = out.ndim
-    dims = upload(np.asarray([*out.shape, *chunk_shape, *grid, *(s.start for s in first.chunk_sel)], dtype=np.int64))
-    total = out.size
-    threads = 256
-    blocks = max(1, min((total + threads - 1) // threads, 1 << 16))
-    kernel((blocks,), (threads,), (chunks, out, np.int64(total), np.int32(nd), dims, np.int64(chunks.strides[0] // item)))
+    dims = upload(np.asarray([*out.shape, *chunk_shape, *grid, *start], dtype=np.int64))
+    rows = out.size // out.shape[-1]
+    threads = min(256, 32 * -(-out.shape[-1] // 32))
+    kernel((min(rows, 1 << 20),), (threads,), (chunks, out, np.int64(rows), np.int32(nd), dims,
+                                                 np.int64(chunks.strides[0] // item)))
 
 
 def _place_grid(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int, ...]) -> None:

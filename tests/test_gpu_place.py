@@ -126,3 +126,33 @@ def test_reads_decoded_in_slabs_equal_zarr_python(tmp_path, monkeypatch, sel, sh
     calls.clear()
     assert_same(BlockReader(store, spec, "gpu")[sel].get(), expected[sel])
     assert len(calls) == 1  # no limit: one call
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("shape,chunk,start", [((37,), (8,), (3,)), ((5, 33), (2, 7), (1, 6)), ((7, 45, 29), (4, 8, 6), (3, 0, 5)),
+                                               ((3, 4, 9, 70), (2, 3, 4, 32), (1, 2, 3, 31)), ((2, 721, 1440), (1, 256, 256), (0, 0, 0))])
+def test_place_tiles_equals_numpy_slicing(monkeypatch, shape, chunk, start, wide):
+    """The placement kernel against numpy: tiles of a C-ordered grid, at a stride larger than a tile, the block
+    starting inside its first tile; ``wide`` forces the 64-bit arithmetic of blocks with a last axis of 2**32."""
+    import cupy
+
+    import gpuzarr_dist.reader_gpu as rg
+
+    if wide:
+        monkeypatch.setattr(rg, "_PLACE_NARROW", 1)
+    grid = tuple(-(-(n + s) // c) for n, s, c in zip(shape, start, chunk))
+    tile = int(np.prod(chunk))
+    stride = tile + 5  # slots apart, as decoded chunks sit in their batch's output
+    rng = np.random.default_rng(sum(shape))
+    flat = rng.integers(0, 2**31, size=int(np.prod(grid)) * stride, dtype=np.uint32)
+    tiles = np.lib.stride_tricks.as_strided(flat, shape=(int(np.prod(grid)), *chunk),
+                                            strides=(stride * 4, *np.cumprod((1, *chunk[::-1]))[:-1][::-1] * 4))
+    # the reference: the tiles laid out as the padded grid, then cut at the block's start
+    padded = tiles.reshape(*grid, *chunk).transpose(*[a for d in range(len(grid)) for a in (d, len(grid) + d)])
+    padded = padded.reshape([g * c for g, c in zip(grid, chunk)])
+    expected = padded[tuple(slice(s, s + n) for s, n in zip(start, shape))]
+    dev_flat = cupy.asarray(flat)
+    dev_tiles = cupy.lib.stride_tricks.as_strided(dev_flat, shape=tiles.shape, strides=tiles.strides)
+    out = cupy.full(shape, 7, dtype=cupy.uint32)
+    rg.place_tiles(out, dev_tiles, chunk, grid, start)
+    np.testing.assert_array_equal(out.get(), expected)

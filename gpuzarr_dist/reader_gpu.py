@@ -82,7 +82,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         # the block's device array after its reads: an object store's first request leaves sooner (each block
         # task spent 2-22 ms before its first request, this allocation among it, on the GPU machine)
         out = cupy.empty(plan.out_shape, dtype=spec.dtype)
-        missing = np.flatnonzero(np.asarray(sizes, dtype=np.int64) < 0).tolist()  # no loop per chunk: see below
+        stored = np.asarray(sizes, dtype=np.int64) >= 0
+        missing = np.flatnonzero(~stored).tolist()  # no loop per chunk: see below
         for i in missing:
             out[plan.parts[i].out_sel] = spec.fill_value
         slabs = grid_slabs(plan, spec, out.shape, getattr(reader, "decode_bytes", None)) if not missing else None
@@ -93,7 +94,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
             timed("H2D + decode")
         elif len(missing) < len(sizes):
             if missing:  # the chunks that exist (a block of a sharded array holds thousands: lists only here)
-                present = sorted(set(present) - set(missing))
+                present = np.flatnonzero(stored).tolist()
                 offsets, sizes, keys = ([v[i] for i in present] for v in (offsets, sizes, keys))
             chunks = decode_batch_gpu(pipeline, host, offsets, sizes, keys, stream)
             timed("H2D + decode")

@@ -13,7 +13,6 @@ import signal
 import time
 
 import dask
-import dask.array as da
 import numpy as np
 import pytest
 

@@ -13,7 +13,7 @@ import zarr
 import zarr.codecs as zc
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, dev, make_data, record_chunk_reads, reference
+from conftest import assert_same, compute_checked, dev, make_data, reference
 
 pytestmark = pytest.mark.usefixtures("device")
 

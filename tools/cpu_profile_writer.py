@@ -25,7 +25,6 @@ import cProfile
 import os
 import pstats
 import shutil
-import statistics
 import sys
 import tempfile
 import time

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor

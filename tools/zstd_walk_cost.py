@@ -21,7 +21,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -82,7 +81,6 @@ def main() -> int:
               f"{len(chunks) * 721 * 1440 * 4 / 2**20:.0f} MiB decoded")
         failed = 0
         for name, mode in ZSTD_CHECK_MODES.items():
-            t = time.time()
             out = subprocess.run([exe, str(mode), str(args.reps)], input=payload, capture_output=True, check=True)
             flagged, secs = out.stdout.split()
             failed += int(flagged)

@@ -173,10 +173,13 @@ def _from_remote(url: str, component: str | None, storage_options: dict | None) 
     :class:`ObjectChunkStore`; the array's metadata and the store of its chunks."""
     root = ObjectChunkStore(url, storage_options=storage_options)
     name = f"{safe_url(root.url)}/{component}" if component else safe_url(root.url)
+    def chunks_under(path: str) -> ObjectChunkStore:  # the store of the array's chunks, at ``path`` under the URL
+        path = path.strip("/")
+        return ObjectChunkStore(f"{root.url}/{path}" if path else root.url, name, storage_options)
+
     meta = _v3_array_metadata(root, component)
     if meta is not None:
-        path = (component or "").strip("/")
-        return ObjectChunkStore(f"{root.url}/{path}" if path else root.url, name, storage_options), meta
+        return chunks_under(component or ""), meta
     zstore = root.zarr_store()
 
     def opener() -> zarr.Array:
@@ -191,9 +194,7 @@ def _from_remote(url: str, component: str | None, storage_options: dict | None) 
             raise MetadataError(f"{name}: could not read the Zarr metadata: {root.scrub(str(e).splitlines()[0] if str(e) else kind)}") from None
 
     arr = _open_array(opener, name, name, not_found=(FileNotFoundError, KeyError))
-    path = (arr.path or "").strip("/")
-    store = ObjectChunkStore(f"{root.url}/{path}" if path else root.url, name, storage_options)
-    return store, arr.metadata
+    return chunks_under(arr.path or ""), arr.metadata
 
 
 def _from_zarr_array(arr: zarr.Array) -> tuple[ChunkStore, zarr.Array]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dask.array as _da
 
-from . import config  # noqa: F401  (registers the gpuzarr.* config defaults)
-from .errors import (
+from gpuzarr_dist import config  # noqa: F401  (registers the gpuzarr.* config defaults)
+from gpuzarr_dist.errors import (
     ArrayExistsError,
     ChunkDecodeError,
     ChunkEncodeError,
@@ -23,12 +23,12 @@ from .errors import (
     MetadataError,
     UnsupportedCodecError,
 )
-from .graph import from_zarr_gpu
-from .runtime.device import gpu_available, resolve_device
-from .xarray_backend import open_dataset
-from .write import to_zarr_gpu
-from .windows import WindowSampler, sample_windows
-from .errors import GpuOutOfMemoryError
+from gpuzarr_dist.array.read import from_zarr_gpu
+from gpuzarr_dist.cuda.device import gpu_available, resolve_device
+from gpuzarr_dist.xarray.backend import open_dataset
+from gpuzarr_dist.array.write import to_zarr_gpu
+from gpuzarr_dist.array.windows import WindowSampler, sample_windows
+from gpuzarr_dist.errors import GpuOutOfMemoryError
 
 __version__ = "0.1.0"
 
@@ -59,7 +59,7 @@ __all__ = [
 def __getattr__(name: str):
     # start_cluster imports distributed's cluster machinery: load it on first use, not at import
     if name == "start_cluster":
-        from .runtime.cluster import start_cluster
+        from gpuzarr_dist.distributed.cluster import start_cluster
 
         return start_cluster
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,5 +1,5 @@
 """``python -m gpuzarr_dist``: the ``gpuzarr-dist`` command line."""
 
-from .cli import main
+from gpuzarr_dist.cli import main
 
 raise SystemExit(main())

@@ -36,7 +36,7 @@ def _positive_int(text: str) -> int:
 
 
 def _version() -> str:
-    from . import __version__
+    from gpuzarr_dist import __version__
 
     return f"{PROG} {__version__}"
 
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from gpuzarr_dist.demo import run_demo
 
     result = run_demo(path=args.path, time_steps=args.time_steps, device=args.device, keep=args.keep)
     if not result.ok:
@@ -224,8 +224,8 @@ def _codec_config(c: Any) -> str:
 
 def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
     """One row per codec (name, configuration, kind, GPU decode) and notes on unsupported ones."""
-    from .codecs import get_codec
-    from .errors import GpuZarrError
+    from gpuzarr_dist.codecs import get_codec
+    from gpuzarr_dist.errors import GpuZarrError
 
     rows, notes = [], []
     for c in spec.codecs:
@@ -239,7 +239,7 @@ def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
         kind = codec.kind.replace("_", "->")
         gpu = "GPU decode: yes" if codec.gpu_decode else "GPU decode: no (decoded on the CPU)"
         if codec.name == "blosc":  # the inner compressor decides (blosclz and snappy have no GPU decoder)
-            from .codecs.blosc_frames import GPU_CNAMES
+            from gpuzarr_dist.codecs.blosc_frames import GPU_CNAMES
 
             if codec.config.get("cname", "lz4") not in GPU_CNAMES:
                 gpu = "GPU decode: no (decoded on the CPU)"
@@ -248,9 +248,9 @@ def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
 
 
 def _print_array(spec: Any, stored: int | None, name: str) -> None:
-    from . import config
-    from .graph import auto_block_shape
-    from .runtime.device import gpu_status
+    from gpuzarr_dist import config
+    from gpuzarr_dist.array.read import auto_block_shape
+    from gpuzarr_dist.cuda.device import gpu_status
 
     chunks = math.prod(spec.grid_shape)
     nbytes = math.prod(spec.shape) * spec.dtype.itemsize
@@ -305,8 +305,8 @@ def _stored_bytes(store: Any, spec: Any, limit: int = 100_000) -> int | None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from .errors import GpuZarrError
-    from .stores.source import open_source
+    from gpuzarr_dist.errors import GpuZarrError
+    from gpuzarr_dist.stores.source import open_source
 
     if args.path is None:
         _print_machine()
@@ -331,7 +331,7 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _print_gpus(indent: str = "") -> None:
     """The driver's GPUs (name, memory, driver version), one line each."""
-    from .runtime.gpus import list_gpus, visible_devices
+    from gpuzarr_dist.distributed.gpus import list_gpus, visible_devices
 
     gpus = list_gpus()
     visible = visible_devices()
@@ -345,7 +345,7 @@ def _print_machine() -> None:
     import importlib.util
     import platform
 
-    from .runtime.device import gpu_status
+    from gpuzarr_dist.cuda.device import gpu_status
 
     print(f"{_version()} on {platform.node()}, Python {platform.python_version()}, {os.cpu_count()} CPU cores")
     _print_gpus()
@@ -385,7 +385,7 @@ def _add_cluster_parser(sub: Any) -> None:
 def _cmd_cluster(args: argparse.Namespace) -> int:
     import time
 
-    from .runtime.cluster import start_cluster
+    from gpuzarr_dist.distributed.cluster import start_cluster
 
     kwargs: dict[str, Any] = {}
     if args.scheduler_file:
@@ -444,7 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
-    from .errors import GpuZarrError
+    from gpuzarr_dist.errors import GpuZarrError
 
     try:
         return args.func(args)

@@ -140,7 +140,7 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
 ``gpuzarr.gpu.nvcomp-api``
     With ``device="gpu"``, which of nvCOMP's interfaces decodes: ``c`` (the
     default) calls its batched C functions through ctypes
-    (:mod:`gpuzarr_dist.codecs.nvcomp_c`), ``python`` its Python
+    (:mod:`gpuzarr_dist.cuda.nvcomp`), ``python`` its Python
     ``Codec.decode``. The Python call holds the GIL until its GPU work is
     done, so the decodes of a process's threads run one after another
     (measured on one H200: a counting thread ran at 26% of its idle rate
@@ -217,7 +217,7 @@ def block_size_bytes(device: str) -> int:
 def auto_gpu_block_bytes() -> int:
     """The ``auto`` GPU block size: the current GPU's memory / :data:`GPU_BLOCK_SHARE`, rounded down to a MiB,
     within [:data:`GPU_BLOCK_MIN`, :data:`GPU_BLOCK_MAX`]; the minimum where this process sees no GPU."""
-    from .runtime.device import gpu_memory_bytes
+    from gpuzarr_dist.cuda.device import gpu_memory_bytes
 
     total = gpu_memory_bytes()
     if not total:

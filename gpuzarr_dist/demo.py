@@ -293,7 +293,7 @@ class DemoResult:
 
 def device_line(asked: str) -> tuple[str, str]:
     """``(device, why)`` for ``device=asked``; raises DeviceUnavailableError for an unusable "gpu"."""
-    from .runtime.device import gpu_status, resolve_device
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
 
     dev = resolve_device(asked)
     ok, why = gpu_status()
@@ -336,8 +336,8 @@ def run_demo(
     import dask
     from dask.diagnostics import ProgressBar
 
-    from . import config
-    from .graph import from_zarr_gpu
+    from gpuzarr_dist import config
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     out = out if out is not None else sys.stdout
 

@@ -41,7 +41,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip tests marked ``gpu`` where no usable GPU stack is present, saying why."""
     if gpuzarr_dist.gpu_available():
         return
-    from gpuzarr_dist.runtime.device import gpu_status
+    from gpuzarr_dist.cuda.device import gpu_status
 
     skip = pytest.mark.skip(reason=f"needs a usable GPU: {gpu_status()[1]}")
     for item in items:
@@ -273,7 +273,7 @@ def zarr_writer(tmp_path: Any):
 
 def slow_calls(mp: pytest.MonkeyPatch, module: Any, name: str, seconds: float = 0.02) -> None:
     """``module.name`` sleeps before each call: other threads queue behind one call and join the next
-    (the tests of :mod:`gpuzarr_dist.codecs.combine`'s joined calls)."""
+    (the tests of :mod:`gpuzarr_dist.cuda.combine`'s joined calls)."""
     import time
 
     real = getattr(module, name)

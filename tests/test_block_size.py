@@ -6,7 +6,7 @@ import dask
 import pytest
 
 from gpuzarr_dist import config
-from gpuzarr_dist.runtime import device
+from gpuzarr_dist.cuda import device
 
 MiB = 1 << 20
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from gpuzarr_dist.codecs import blosc_frames as bf
-from gpuzarr_dist.codecs.blosc_kernels import GATHER_SRC, UNSHUFFLE_SRC, segments
+from gpuzarr_dist.cuda.blosc_kernels import GATHER_SRC, UNSHUFFLE_SRC, segments
 from gpuzarr_dist.errors import ChunkDecodeError
 
 CNAMES = ["lz4", "lz4hc", "zlib", "zstd"]

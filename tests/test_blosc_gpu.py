@@ -41,8 +41,8 @@ class _Pipeline:
 
 
 def _decode_gpu(host, offsets, sizes, nbytes):
-    from gpuzarr_dist.codecs.gpu_blosc import decode_blosc_batch
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    from gpuzarr_dist.cuda.blosc import decode_blosc_batch
+    from gpuzarr_dist.cuda.streams import align, thread_stream
 
     stride = align(max(nbytes, 1))
     keys = [str(i) for i in range(len(offsets))]
@@ -111,7 +111,7 @@ def test_blosclz_frames_fall_back_with_one_warning(tmp_path):
     data = make_data("int32", (40, 30), seed=3)
     path = str(tmp_path / "b.zarr")
     write_array(path, data, (10, 30), zarr_format=2, compressors=numcodecs.Blosc(cname="blosclz", shuffle=1))
-    from gpuzarr_dist import reader_gpu
+    from gpuzarr_dist.cuda import blocks as reader_gpu
 
     reader_gpu._warned.discard("blosc (blosclz)")
     with warnings.catch_warnings(record=True) as caught:
@@ -130,7 +130,7 @@ def test_frames_of_another_compressor_than_the_metadata_says(tmp_path):
     write_array(path, data, (10, 30), zarr_format=2, compressors=numcodecs.Blosc(cname="lz4", shuffle=1))
     with open(os.path.join(path, "1.0"), "wb") as f:
         f.write(numcodecs.Blosc(cname="blosclz", shuffle=1).encode(data[10:20]))
-    from gpuzarr_dist.codecs import gpu_blosc
+    from gpuzarr_dist.cuda import blosc as gpu_blosc
 
     gpu_blosc._warned.discard("blosclz")
     with warnings.catch_warnings(record=True) as caught:

@@ -20,7 +20,7 @@ import gpuzarr_dist as gz
 from conftest import make_data, reference, write_array
 
 distributed = pytest.importorskip("distributed")
-from gpuzarr_dist.runtime import cluster as cluster_mod  # noqa: E402
+from gpuzarr_dist.distributed import cluster as cluster_mod  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -328,7 +328,7 @@ def test_cli_cluster_serves_until_interrupted(store, tmp_path):
 
 def test_cli_info_lists_gpus(capsys, monkeypatch):
     from gpuzarr_dist.cli import main
-    from gpuzarr_dist.runtime import gpus
+    from gpuzarr_dist.distributed import gpus
 
     fake = gpus.parse_nvidia_smi("0, NVIDIA H200, 143771, 580.95.05, GPU-aaa\n"
                                  "1, NVIDIA H200, 143771, 580.95.05, GPU-bbb\n")

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 
-from gpuzarr_dist.codecs.kernels import CRC32_SEGMENT, CRC32_SRC, XXH64_SRC
+from gpuzarr_dist.cuda.kernels import CRC32_SEGMENT, CRC32_SRC, XXH64_SRC
 
 HARNESS = r"""
 #include <cstdio>

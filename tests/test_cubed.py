@@ -173,7 +173,7 @@ def test_intermediates_written_by_our_encoder_and_read_by_zarr_python(series, tm
     """Every plain intermediate block goes through BlockWriter; the files are Zarr that zarr-python reads back."""
     import zarr
 
-    from gpuzarr_dist import write
+    from gpuzarr_dist.array import write
     from gpuzarr_dist.cubed import storage
 
     path, ref, allowed = series
@@ -569,7 +569,7 @@ def test_balanced_blocks_split_the_axis_evenly(n, fit):
     but for the last: 300 chunks that fit 67 give 5 blocks of 60, not 4 of 67 and one of 32)."""
     from types import SimpleNamespace
 
-    from gpuzarr_dist.graph import auto_block_shape
+    from gpuzarr_dist.array.read import auto_block_shape
 
     spec = SimpleNamespace(read_unit=(8, 181, 360), shape=(8 * n, 181, 360), dtype=np.dtype("f4"))
     target = fit * 8 * 181 * 360 * 4

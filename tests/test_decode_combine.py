@@ -1,6 +1,6 @@
 """``gpuzarr.gpu.decode-combine``: nvCOMP decode calls made at the same time are joined into one.
 
-CPU tests cover the setting and the queue's hand-over (:class:`gpuzarr_dist.codecs.combine.Combiner`)
+CPU tests cover the setting and the queue's hand-over (:class:`gpuzarr_dist.cuda.combine.Combiner`)
 with a stand-in call; the tests marked ``gpu`` read a zstd array from many threads with the
 setting on and compare with zarr-python, with joined calls seen and with joined calls that fail.
 """
@@ -19,7 +19,7 @@ import zarr.codecs as zc
 
 import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, slow_calls, write_array
-from gpuzarr_dist.codecs.combine import Combiner, Request
+from gpuzarr_dist.cuda.combine import Combiner, Request
 from gpuzarr_dist.config import gpu_decode_combine
 
 
@@ -110,7 +110,7 @@ def test_a_call_that_raises_reaches_every_request_and_the_queue_goes_on():
 
 def _blocks_from_threads(path, threads=8):
     """Every block of ``path`` read by ``threads`` threads at once through one BlockReader, in block order."""
-    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     store, spec = open_source(path)
@@ -136,8 +136,9 @@ def zstd_array(tmp_path):
 
 @pytest.mark.gpu
 def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
-    from gpuzarr_dist.codecs import combine, gpu
+    from gpuzarr_dist.cuda import combine
 
+    from gpuzarr_dist.cuda import decode as gpu
     expected = reference(zstd_array)
     slow_calls(monkeypatch, gpu, "_execute_joined")  # the other threads' blocks queue behind a call and join the next
     monkeypatch.setattr(combine, "_combiners", {})
@@ -158,8 +159,9 @@ def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
 def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, api):
     """nvCOMP failing on a joined call (stand-in: any call of more than one block's 8 frames) costs a second call
     per block, not a wrong value or an error for the blocks around a bad one."""
-    from gpuzarr_dist.codecs import combine, gpu
+    from gpuzarr_dist.cuda import combine
 
+    from gpuzarr_dist.cuda import decode as gpu
     expected = reference(zstd_array)
     real_decode, joined = gpu._decode_frames, []
 

@@ -1,6 +1,6 @@
 """The deflate walk and the adler32 kernels that run on the GPU before and after nvCOMP, compiled for the host.
 
-``gpuzarr_dist.codecs.deflate_walk`` holds CUDA sources that are plain C apart
+``gpuzarr_dist.cuda.deflate_walk`` holds CUDA sources that are plain C apart
 from the CUDA markers; ``tools/deflate_walk_host.py`` builds them with a host
 C++ compiler (AddressSanitizer where available: a read outside a stream fails
 the test). zlib (Python's ``zlib``, numcodecs' GZip/Zlib/Blosc) is the
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gpuzarr_dist.codecs import blosc_frames as bf
-from gpuzarr_dist.codecs.deflate_walk import (ADLER32_SEGMENT, DEFLATE_GZIP, DEFLATE_RAW, DEFLATE_WALK_REASONS,
+from gpuzarr_dist.cuda.deflate_walk import (ADLER32_SEGMENT, DEFLATE_GZIP, DEFLATE_RAW, DEFLATE_WALK_REASONS,
                                               DEFLATE_ZLIB)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
@@ -317,7 +317,7 @@ def test_fuzz_summary_counts_the_deflate_walks_rejections():
     import collections as _c
 
     import gpu_fuzz as gf
-    from gpuzarr_dist.codecs.deflate_walk import walk_reason
+    from gpuzarr_dist.cuda.deflate_walk import walk_reason
 
     by_check = _c.Counter({gf._category(DEFLATE_WALK_REASONS[-19]): 3,
                            gf._category(f"blosc zlib stream: {DEFLATE_WALK_REASONS[-21]}"): 2,

@@ -154,14 +154,14 @@ def test_gpu_out_of_memory_names_the_block_and_how_to_shrink_it(monkeypatch, sto
     class OutOfMemoryError(MemoryError):  # cupy.cuda.memory.OutOfMemoryError's name and base
         pass
 
-    fake = types.ModuleType("gpuzarr_dist.reader_gpu")
+    fake = types.ModuleType("gpuzarr_dist.cuda.blocks")
 
     def read_plan_gpu(reader, plan):
         raise OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes (allocated so far: 0 bytes).")
 
     fake.read_plan_gpu = read_plan_gpu
-    monkeypatch.setitem(sys.modules, "gpuzarr_dist.reader_gpu", fake)
-    from gpuzarr_dist.reader import BlockReader
+    monkeypatch.setitem(sys.modules, "gpuzarr_dist.cuda.blocks", fake)
+    from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     store, spec = open_source(path)
@@ -205,7 +205,7 @@ def test_gpu_out_of_memory_retries_once_after_releasing_the_pool(request, monkey
 
     pool = _FakePool(cached)
     calls = []
-    fake = types.ModuleType("gpuzarr_dist.reader_gpu")
+    fake = types.ModuleType("gpuzarr_dist.cuda.blocks")
 
     def read_plan_gpu(reader, plan):
         calls.append(pool.cached)
@@ -214,9 +214,9 @@ def test_gpu_out_of_memory_retries_once_after_releasing_the_pool(request, monkey
         return reader._read_plan_cpu(plan)  # the right values, from the CPU path
 
     fake.read_plan_gpu = read_plan_gpu
-    monkeypatch.setitem(sys.modules, "gpuzarr_dist.reader_gpu", fake)
+    monkeypatch.setitem(sys.modules, "gpuzarr_dist.cuda.blocks", fake)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(get_default_memory_pool=lambda: pool))
-    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     store, spec = open_source(path)

@@ -292,7 +292,7 @@ def test_metadata_errors_name_the_field(tmp_path, fmt, edit, field):
 
 
 def test_bad_metadata_field_accepts_what_zarr_python_writes(tmp_path):
-    from gpuzarr_dist.metadata import bad_metadata_field
+    from gpuzarr_dist.core.metadata import bad_metadata_field
 
     for fmt in (2, 3):
         for i, kw in enumerate([{}, {"shards": (4,)}, {"compressors": None}, {"filters": None}, {"fill_value": 3}]):

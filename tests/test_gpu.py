@@ -59,8 +59,8 @@ def test_concurrent_threads_hundreds_of_batches(era5ish, workers):
 
 
 def test_each_thread_has_its_own_stream(era5ish):
-    from gpuzarr_dist.reader import BlockReader
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.source import open_source
 
     path, expected = era5ish
@@ -103,11 +103,11 @@ def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     """
     import cupy
 
-    from gpuzarr_dist.reader import BlockReader
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.write import BlockWriter, _open_target
-    from gpuzarr_dist.metadata import spec_from_zarr_metadata
+    from gpuzarr_dist.array.write import BlockWriter, _open_target
+    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
 
     data = make_data("float32", (64, 40, 30), seed=9, specials=False)
     compressors = {"zstd-one-chunk": [zc.ZstdCodec(level=1)], "zstd-batch": [zc.ZstdCodec(level=1)],
@@ -180,7 +180,7 @@ def test_codec_without_gpu_decoder_falls_back_once_with_warning(tmp_path):
     data = make_data("int16", (40, 30), seed=3)
     path = str(tmp_path / "blosc.zarr")
     write_array(path, data, (10, 10), zarr_format=2, compressors=numcodecs.Blosc(cname="blosclz", shuffle=2))
-    from gpuzarr_dist import reader_gpu
+    from gpuzarr_dist.cuda import blocks as reader_gpu
 
     reader_gpu._warned.discard("blosc (blosclz)")
     with warnings.catch_warnings(record=True) as caught:
@@ -194,7 +194,7 @@ def test_codec_without_gpu_decoder_falls_back_once_with_warning(tmp_path):
 def test_gpu_graphs_synchronise_every_task(era5ish):
     import dask
 
-    from gpuzarr_dist.optimize import _then_sync
+    from gpuzarr_dist.array.optimize import _then_sync
 
     path, _ = era5ish
     y = gz.from_zarr_gpu(path, device="gpu", chunks=(100, 48, 64)).mean(axis=0)

@@ -22,7 +22,7 @@ import zarr.codecs as zc
 
 import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, write_array
-from gpuzarr_dist.codecs.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
+from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
 from test_deflate_walk import _blosc_corpus, _gzip_corpus, _gzip_member, _mutate, _zlib_corpus
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
@@ -43,8 +43,8 @@ def host(tmp_path_factory):
 def _device_walk(streams: list[bytes], wrap: int, limits: list[int], threads: int | None):
     import cupy
 
-    from gpuzarr_dist.codecs.gpu_deflate import deflate_walk
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.deflate import deflate_walk
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     offs, at = [], 0
     for s in streams:
@@ -71,8 +71,8 @@ def test_device_walk_equals_the_host_build_on_good_and_damaged_streams(host, thr
 def test_device_adler32_matches_zlib_for_any_length_including_past_2_to_27():
     import cupy
 
-    from gpuzarr_dist.codecs.gpu_deflate import adler32_streams
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.deflate import adler32_streams
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     stream = thread_stream()  # first: the buffer below is written on it, so the kernels see every byte
     rng = np.random.default_rng(12)
@@ -99,7 +99,7 @@ def _zlib_v2(tmp_path, level=1):
 
 def test_truncated_and_overwritten_deflate_is_named_and_never_reaches_nvcomp(tmp_path, monkeypatch):
     """The damage that hung nvCOMP's Deflate in the fuzz run (truncations, overwritten runs) is named by the walk."""
-    from gpuzarr_dist.codecs import gpu
+    from gpuzarr_dist.cuda import decode as gpu
 
     path, expected = _zlib_v2(tmp_path)
     rng = np.random.default_rng(14)
@@ -226,7 +226,7 @@ def test_deflate_check_off_decodes_through_nvcomp_without_the_walk(tmp_path, mon
     """``gpuzarr.gpu.deflate-check: off`` (trusted data) skips the walk; the data still equals zarr-python's."""
     import dask
 
-    from gpuzarr_dist.codecs import gpu_deflate
+    from gpuzarr_dist.cuda import deflate as gpu_deflate
 
     if codec == "zlib":
         path, expected = _zlib_v2(tmp_path)
@@ -238,7 +238,7 @@ def test_deflate_check_off_decodes_through_nvcomp_without_the_walk(tmp_path, mon
         path, expected = _blosc_v2(tmp_path)
     walked = []
     real = gpu_deflate.deflate_suspects
-    from gpuzarr_dist.codecs import gpu_blosc
+    from gpuzarr_dist.cuda import blosc as gpu_blosc
 
     def counted(*a, **k):
         walked.append(1)

@@ -19,7 +19,7 @@ SHAPE, CHUNKS = (19, 45, 29), (4, 8, 6)
 
 def _counted_fallback(monkeypatch) -> list[int]:
     """Count the padded-block fallback's calls of ``_place_grid`` from the trimmed-grid placement."""
-    import gpuzarr_dist.reader_gpu as rg  # imports cupy: only where a GPU test runs
+    import gpuzarr_dist.cuda.blocks as rg  # imports cupy: only where a GPU test runs
 
     calls = [0]
     real_trimmed, real_grid = rg._place_trimmed_grid, rg._place_grid
@@ -97,8 +97,8 @@ def test_shards_at_the_array_edge(tmp_path, monkeypatch):
 def test_reads_decoded_in_slabs_equal_zarr_python(tmp_path, monkeypatch, sel, shards, which):
     """``BlockReader.decode_bytes`` (the Cubed variant's bound on one nvCOMP call): a block decoded slab by
     slab, each whole rows of its chunk grid, equals zarr-python's reading; one call where it cannot be cut."""
-    import gpuzarr_dist.reader_gpu as rg
-    from gpuzarr_dist.reader import BlockReader
+    import gpuzarr_dist.cuda.blocks as rg
+    from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     path = str(tmp_path / "a.zarr")
@@ -136,7 +136,7 @@ def test_place_tiles_equals_numpy_slicing(monkeypatch, shape, chunk, start, wide
     starting inside its first tile; ``wide`` forces the 64-bit arithmetic of blocks with a last axis of 2**32."""
     import cupy
 
-    import gpuzarr_dist.reader_gpu as rg
+    import gpuzarr_dist.cuda.blocks as rg
 
     if wide:
         monkeypatch.setattr(rg, "_PLACE_NARROW", 1)

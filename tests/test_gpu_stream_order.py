@@ -79,7 +79,7 @@ class FakeDev:
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """``gpuzarr_dist.codecs.gpu`` imported against stand-ins; ``(module, log, stream)``."""
+    """``gpuzarr_dist.cuda.decode`` imported against stand-ins; ``(module, log, stream)``."""
     log: list = []
     fake = types.ModuleType("cupy")
     fake.uint8, fake.int64, fake.int32, fake.uint32 = np.uint8, np.int64, np.int32, np.uint32
@@ -91,9 +91,9 @@ def gpu(monkeypatch):
     nvidia = types.ModuleType("nvidia")
     nvidia.nvcomp = types.SimpleNamespace()
     monkeypatch.setitem(sys.modules, "nvidia", nvidia)
-    for name in ("gpuzarr_dist.codecs.gpu", "gpuzarr_dist.runtime.cuda"):
+    for name in ("gpuzarr_dist.cuda.decode", "gpuzarr_dist.cuda.streams"):
         monkeypatch.delitem(sys.modules, name, raising=False)
-    mod = importlib.import_module("gpuzarr_dist.codecs.gpu")
+    mod = importlib.import_module("gpuzarr_dist.cuda.decode")
     # small tables go up by runtime.cuda.upload (one driver call, queued on the stream it is given)
     monkeypatch.setattr(mod, "upload", lambda host, stream=None: log.append(
         ("tables", (stream or _STATE["current"]).name)) or FakeDev(np.asarray(host), log))

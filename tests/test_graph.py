@@ -12,7 +12,7 @@ from dask._task_spec import DataNode, GraphNode
 
 import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, make_data
-from gpuzarr_dist.reader import BlockReader
+from gpuzarr_dist.array.reader import BlockReader
 
 SHAPE, CHUNKS = (24, 20), (4, 5)
 N = (24 // 4) * (20 // 5)  # blocks when dask blocks are the Zarr chunks
@@ -125,7 +125,7 @@ def test_gpu_graph_optimisation_adds_only_a_stream_sync():
     """Graphs that read GPU arrays get each task wrapped in a stream sync; results and task count unchanged."""
     import dask.array as da
 
-    from gpuzarr_dist.optimize import GPU_LAYER_PREFIX, _then_sync, optimize
+    from gpuzarr_dist.array.optimize import GPU_LAYER_PREFIX, _then_sync, optimize
 
     data = np.arange(600.0).reshape(20, 30)
     x = da.from_array(data, chunks=(5, 10), name=GPU_LAYER_PREFIX + "fake")

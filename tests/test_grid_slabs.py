@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import write_array
-from gpuzarr_dist.assemble import grid_slabs, plan_selection
+from gpuzarr_dist.core.selection import grid_slabs, plan_selection
 from gpuzarr_dist.stores.source import open_source
 
 SHAPE, CHUNKS = (64, 10, 12), (2, 5, 6)  # float32 chunks of 240 bytes; the grid is 32 x 2 x 2

@@ -19,7 +19,7 @@ from gpuzarr_dist.codecs import host_checks as hc
 from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.stores.base import staging_layout
 from gpuzarr_dist.stores.source import open_source
-from gpuzarr_dist.windows import _cut_windows, _unique_rows
+from gpuzarr_dist.array.windows import _cut_windows, _unique_rows
 
 EXPECTED = 4096
 
@@ -194,7 +194,7 @@ def test_parse_and_read_into_match_zarr_python(tmp_path):
     coords = grid[order]
     keys = spec.chunk_keys(coords)
     shards, which, inner = store._parse(keys)
-    from gpuzarr_dist.metadata import ChunkKeys
+    from gpuzarr_dist.core.metadata import ChunkKeys
 
     assert isinstance(keys, ChunkKeys)  # parsed from the coordinates, not the strings
     plain = store._parse(list(keys))  # the strings split and parsed: the same shards, numbers and positions

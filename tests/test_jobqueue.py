@@ -22,8 +22,8 @@ import gpuzarr_dist as gz
 from conftest import make_data, reference, write_array
 
 dask_jobqueue = pytest.importorskip("dask_jobqueue")
-from gpuzarr_dist.runtime import cluster as cluster_mod  # noqa: E402
-from gpuzarr_dist.runtime.jobqueue import jobqueue_cluster, jobqueue_options  # noqa: E402
+from gpuzarr_dist.distributed import cluster as cluster_mod  # noqa: E402
+from gpuzarr_dist.distributed.jobqueue import jobqueue_cluster, jobqueue_options  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_DASHBOARD = {"dashboard_address": ":0"}
@@ -66,7 +66,7 @@ def test_pbs_job_script_derecho_gpu_node():
     assert _last(args, "--nthreads") == "8"
     assert _last(args, "--memory-limit") == "120GB"  # 480 GB shared by 4 GPU workers
     assert _last(args, "--device-memory-limit") == "0.8"
-    assert _last(args, "--preload") == "gpuzarr_dist.runtime.preload"
+    assert _last(args, "--preload") == "gpuzarr_dist.distributed.preload"
     assert "--rmm-async" in args and _last(args, "--set-rmm-allocator-for-libs") == "cupy"
     assert "--nworkers" not in args
 
@@ -194,7 +194,7 @@ def test_ready_configuration_files(system):
     args = _worker_command(script)
     assert args[1:3] == ["-m", "dask_cuda.cli"]
     assert _last(args, "--nthreads") == "8" and _last(args, "--memory-limit") == "120GB"
-    assert _last(args, "--preload") == "gpuzarr_dist.runtime.preload" and "--rmm-async" in args
+    assert _last(args, "--preload") == "gpuzarr_dist.distributed.preload" and "--rmm-async" in args
     assert "conda activate gpuzarr" in script
     assert ("#PBS -l select=1:ncpus=64:ngpus=4:mem=480GB" in script if system == "pbs"
             else "#SBATCH --gres=gpu:4" in script)

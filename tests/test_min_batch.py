@@ -54,7 +54,7 @@ def _forbid(monkeypatch, where, name):
 
 def _count_nvcomp(monkeypatch) -> list[str]:
     """The algorithms of the nvCOMP decode calls the GPU decoder makes from now on (either interface; still made)."""
-    import gpuzarr_dist.codecs.gpu as g
+    import gpuzarr_dist.cuda.decode as g
 
     calls: list[str] = []
     real = g._decode_frames
@@ -72,7 +72,7 @@ def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
     """Below min-batch nvCOMP is never called; the block is still a cupy array equal to zarr-python's read."""
     import cupy
 
-    import gpuzarr_dist.codecs.gpu as g
+    import gpuzarr_dist.cuda.decode as g
 
     data = make_data("float32", (40, 50, 30), seed=3)
     path = _store(tmp_path, data, (10, 25, 30))
@@ -133,7 +133,7 @@ def test_small_gpu_blocks_encode_on_the_cpu(tmp_path, monkeypatch, small):
     it by nvCOMP (the CPU encoder is made to fail). Both read back equal through zarr-python and numcodecs."""
     import cupy
 
-    import gpuzarr_dist.write_gpu as wg
+    import gpuzarr_dist.cuda.write as wg
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
 
     data = make_data("float32", (64, 70), seed=6)
@@ -141,7 +141,7 @@ def test_small_gpu_blocks_encode_on_the_cpu(tmp_path, monkeypatch, small):
     if small:
         _forbid(monkeypatch, wg, "launch_encode_gpu")
     else:
-        from gpuzarr_dist.write import CpuBlockEncoder
+        from gpuzarr_dist.array.write import CpuBlockEncoder
 
         _forbid(monkeypatch, CodecPipeline, "encode_batch")
         _forbid(monkeypatch, CpuBlockEncoder, "launch")

@@ -1,4 +1,4 @@
-"""``gpuzarr.gpu.nvcomp-api``: nvCOMP's batched C API through ctypes (:mod:`gpuzarr_dist.codecs.nvcomp_c`).
+"""``gpuzarr.gpu.nvcomp-api``: nvCOMP's batched C API through ctypes (:mod:`gpuzarr_dist.cuda.nvcomp`).
 
 CPU tests cover the setting and what happens without libnvcomp. The tests
 marked ``gpu`` decode frames made by numcodecs from many threads at once
@@ -18,7 +18,7 @@ import zarr.codecs as zc
 
 import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, slow_calls, write_array
-from gpuzarr_dist.codecs import nvcomp_c
+from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 from gpuzarr_dist.config import encode_scratch_bytes, nvcomp_api
 
 
@@ -105,7 +105,7 @@ def test_threads_decode_their_frames_at_once():
     """16 threads, 10 calls of 24 frames each, every thread on its own stream: each decoded frame equals its source."""
     import cupy
 
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    from gpuzarr_dist.cuda.streams import align, thread_stream
 
     def work(seed: int) -> int:
         stream = thread_stream()
@@ -193,7 +193,7 @@ def test_threads_encode_chunks_numcodecs_decodes():
     import cupy
     import numcodecs
 
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    from gpuzarr_dist.cuda.streams import align, thread_stream
 
     def work(seed: int) -> int:
         stream = thread_stream()
@@ -231,7 +231,7 @@ def test_threads_encode_chunks_numcodecs_decodes():
 def test_too_little_scratch_is_refused_before_the_call():
     import cupy
 
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     stream = thread_stream()
     with stream:
@@ -250,8 +250,10 @@ def test_threads_writes_join_in_the_process_scratch(tmp_path, monkeypatch):
     import dask.array as da
     import zarr
 
-    from gpuzarr_dist.codecs import combine, gpu_encode
+    from gpuzarr_dist.cuda import combine
 
+
+    from gpuzarr_dist.cuda import encode as gpu_encode
     slow_calls(monkeypatch, gpu_encode, "_execute_encodes")
     monkeypatch.setattr(combine, "_combiners", {})
     data = make_data("float32", (128, 50, 60), seed=12, specials=False)

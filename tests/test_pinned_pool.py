@@ -1,4 +1,4 @@
-"""The pinned staging pool (``gpuzarr_dist.runtime.pinned``) on the CPU, with plain memory standing in for pinned.
+"""The pinned staging pool (``gpuzarr_dist.cuda.pinned``) on the CPU, with plain memory standing in for pinned.
 
 What must hold: a buffer is never handed out while any array still views it
 (the data a thread wrote stays its own), a free buffer serves later requests
@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from gpuzarr_dist.runtime.pinned import MIN_BYTES, REUSE_FACTOR, PinnedPool, size_class
+from gpuzarr_dist.cuda.pinned import MIN_BYTES, REUSE_FACTOR, PinnedPool, size_class
 
 
 class Owner:
@@ -139,7 +139,7 @@ def test_staging_buffers_copy_up_intact_from_threads_and_are_reused_across_sizes
     and compare what arrived with numpy's copy; buffers of a larger block serve the smaller blocks after it."""
     import cupy
 
-    from gpuzarr_dist.runtime.cuda import pinned_staging, staging_pool, thread_stream
+    from gpuzarr_dist.cuda.streams import pinned_staging, staging_pool, thread_stream
 
     pool = staging_pool()
     sizes = [600 << 20, 150 << 20, 70 << 20, 300 << 20]

@@ -17,7 +17,7 @@ import dask
 import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, dev, make_data, reference
 from gpuzarr_dist.stores.source import open_source
-from gpuzarr_dist.windows import _chunk_keys
+from gpuzarr_dist.array.windows import _chunk_keys
 from shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")

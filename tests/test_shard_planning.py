@@ -109,7 +109,7 @@ def test_random_missing_inner_chunks_read_as_zarr_python_reads(tmp_path, locatio
     """Arrays with inner chunks left unwritten at random, read whole and in windows (host planning end to end;
     on the GPU the window gather fills the missing chunks' elements)."""
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
 
     from conftest import make_data
 
@@ -127,7 +127,7 @@ def test_random_missing_inner_chunks_read_as_zarr_python_reads(tmp_path, locatio
                     a[t, i : i + inner[1], j : j + inner[2]] = data[t, i : i + inner[1], j : j + inner[2]]
     ref = zarr.open_array(path, mode="r")
     store, spec = open_source(path, None, None)
-    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
 
     def host(a):
         return a.get() if hasattr(a, "get") else a
@@ -159,7 +159,7 @@ def _check_windows(sampler, ref, starts):
 @pytest.mark.parametrize("location", ["end", "start"])
 def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monkeypatch, location):
     from conftest import make_data
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
     from shard_helpers import record_ranges
 
     data = make_data("float32", (16, 64, 96), seed=4)
@@ -191,7 +191,7 @@ def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monke
 def test_index_cache_is_bounded_and_cleared(tmp_path):
     from conftest import make_data
     from gpuzarr_dist.stores.sharded import IndexCache
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
 
     data = make_data("float32", (16, 64, 96), seed=5)
     path = str(tmp_path / "b.zarr")
@@ -223,7 +223,7 @@ def test_sampler_store_pickles_without_its_cache(tmp_path):
     import pickle
 
     from conftest import make_data
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
 
     path = str(tmp_path / "p.zarr")
     _sharded(path, make_data("float32", (8, 32, 32), seed=6))
@@ -236,7 +236,7 @@ def test_sampler_store_pickles_without_its_cache(tmp_path):
 @pytest.mark.parametrize("case", ["none missing", "some missing", "all missing"])
 def test_window_gather_without_a_fill_chunk(case):
     """The host cut with no, some and only missing chunks, against a numpy cut (the device's kernel: test_windows)."""
-    from gpuzarr_dist.windows import _cut_windows
+    from gpuzarr_dist.array.windows import _cut_windows
 
     rng = np.random.default_rng(11)
     chunk, window = (3, 4, 5), (2, 6, 7)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.reader import BlockReader
+from gpuzarr_dist.array.reader import BlockReader
 from gpuzarr_dist.stores.source import open_source
 from conftest import assert_same, compute_checked, make_data, reference, touched_chunk_keys, write_array, dev, record_chunk_reads
 

@@ -1,6 +1,6 @@
 """``gpuzarr.gpu.sync-wait``: how threads wait for the GPU, set on the GPU's CUDA context.
 
-On the CPU (CI) ``gpuzarr_dist.runtime.cuda`` is imported against a stand-in
+On the CPU (CI) ``gpuzarr_dist.cuda.streams`` is imported against a stand-in
 ``cupy`` and a stand-in CUDA driver that keeps a primary context's flags as the
 real one does; the flag values are CUDA's (``cuda.h``: ``CU_CTX_SCHED_SPIN``
 0x1, ``_YIELD`` 0x2, ``_BLOCKING_SYNC`` 0x4, ``CU_CTX_MAP_HOST`` 0x8). On a GPU
@@ -83,16 +83,16 @@ class FakeDriver:
 
 @pytest.fixture
 def cuda(monkeypatch):
-    """``gpuzarr_dist.runtime.cuda`` against a stand-in cupy (device 0) and the stand-in driver."""
+    """``gpuzarr_dist.cuda.streams`` against a stand-in cupy (device 0) and the stand-in driver."""
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Device=lambda *a: types.SimpleNamespace(id=0))
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    monkeypatch.delitem(sys.modules, "gpuzarr_dist.runtime.cuda", raising=False)
-    mod = importlib.import_module("gpuzarr_dist.runtime.cuda")
+    monkeypatch.delitem(sys.modules, "gpuzarr_dist.cuda.streams", raising=False)
+    mod = importlib.import_module("gpuzarr_dist.cuda.streams")
     driver = FakeDriver()
     monkeypatch.setattr(mod, "_driver", lambda: driver)
     yield mod, driver
-    sys.modules.pop("gpuzarr_dist.runtime.cuda", None)  # the stand-in module never outlives the test
+    sys.modules.pop("gpuzarr_dist.cuda.streams", None)  # the stand-in module never outlives the test
 
 
 @pytest.mark.skipif(HAVE_CUPY, reason="replaces cupy with a stand-in: run where cupy is not installed")
@@ -135,7 +135,7 @@ def test_a_failing_driver_call_is_loud(cuda):
 
 SCRIPT = r"""
 import threading, dask, cupy
-from gpuzarr_dist.runtime import cuda
+from gpuzarr_dist.cuda import streams as cuda
 out = {}
 def run(mode):
     with dask.config.set({"gpuzarr.gpu.sync-wait": mode}):

@@ -22,7 +22,7 @@ extern "C" __global__ void spin(long long cycles, long long* sink) {
 def test_values_shape_and_dtype_arrive(dtype):
     import cupy
 
-    from gpuzarr_dist.runtime.cuda import thread_stream, upload
+    from gpuzarr_dist.cuda.streams import thread_stream, upload
 
     rng = np.random.default_rng(1)
     host = rng.integers(0, 200, size=(3, 517)).astype(dtype)
@@ -34,7 +34,7 @@ def test_values_shape_and_dtype_arrive(dtype):
 
 
 def test_empty_and_strided_tables():
-    from gpuzarr_dist.runtime.cuda import thread_stream, upload
+    from gpuzarr_dist.cuda.streams import thread_stream, upload
 
     stream = thread_stream()
     assert upload(np.zeros(0, dtype=np.int64), stream).shape == (0,)
@@ -48,7 +48,7 @@ def test_empty_and_strided_tables():
 def test_the_host_array_may_change_as_soon_as_the_call_returns_while_the_copy_waits_in_its_stream():
     import cupy
 
-    from gpuzarr_dist.runtime.cuda import on_stream, thread_stream, upload
+    from gpuzarr_dist.cuda.streams import on_stream, thread_stream, upload
 
     stream = thread_stream()
     sink = cupy.zeros(1, dtype=cupy.int64)
@@ -67,7 +67,7 @@ def test_the_host_array_may_change_as_soon_as_the_call_returns_while_the_copy_wa
 
 def test_a_refused_copy_is_an_error_naming_the_call(monkeypatch):
     from gpuzarr_dist.errors import GpuZarrError
-    from gpuzarr_dist.runtime import cuda
+    from gpuzarr_dist.cuda import streams as cuda
 
     monkeypatch.setattr(cuda, "_memcpy_htod", lambda: (lambda *a: 1))  # CUDA_ERROR_INVALID_VALUE
     with pytest.raises(GpuZarrError, match="cuMemcpyHtoDAsync .*error 1"):

@@ -97,7 +97,7 @@ def test_bad_windows_are_refused(tmp_path):
 def test_window_cut_matches_a_mosaic_of_the_chunks(case, dtype, chunk, window):
     """The cut (the device's kernel on the GPU, slice copies on the host) with no, some and only missing
     chunks, for several dtypes and dimensions, against the window cut from a mosaic of its chunk grid."""
-    from gpuzarr_dist.windows import _cut_windows
+    from gpuzarr_dist.array.windows import _cut_windows
 
     rng = np.random.default_rng(5)
     grid = tuple((w + c - 2) // c + 1 for w, c in zip(window, chunk))
@@ -264,7 +264,7 @@ def test_batches_of_one_sampler_side_by_side(tmp_path):
 
 
 def test_part_bounds_split_evenly_into_parts_of_at_least_the_setting():
-    from gpuzarr_dist.windows import _part_bounds
+    from gpuzarr_dist.array.windows import _part_bounds
 
     assert _part_bounds(0, 512) == [(0, 0)] and _part_bounds(1023, 512) == [(0, 1023)]
     assert _part_bounds(5000, 0) == [(0, 5000)]  # 0: one part
@@ -287,7 +287,7 @@ def test_a_large_call_reads_in_parts_on_several_threads(tmp_path, monkeypatch, d
 
     import dask
 
-    from gpuzarr_dist import windows_gpu
+    from gpuzarr_dist.cuda import windows as windows_gpu
     from gpuzarr_dist.errors import ChunkDecodeError
 
     data = make_data("float32", (8, 48, 60), seed=40)

@@ -234,7 +234,7 @@ def test_read_compute_encode_write_fuse_into_one_task_per_block(tmp_path, monkey
     m = float(data.mean())
     lazy = gz.to_zarr_gpu(x - m, str(tmp_path / "out.zarr"), chunks=(5, 6), compute=False)
     assert _n_tasks(lazy) == x.npartitions + 1  # one task per block, plus the total
-    from gpuzarr_dist.write import CpuBlockEncoder
+    from gpuzarr_dist.array.write import CpuBlockEncoder
 
     batches = []
     original = CpuBlockEncoder.launch
@@ -280,7 +280,7 @@ KILLED_SCRIPT = textwrap.dedent(
     import os, sys, time
     import dask, dask.array as da, numpy as np
     import gpuzarr_dist as gz
-    from gpuzarr_dist.write import BlockWriter
+    from gpuzarr_dist.array.write import BlockWriter
 
     path, die_after = sys.argv[1], int(sys.argv[2])
     data = np.arange(24 * 10, dtype="float64").reshape(24, 10) * 1.5
@@ -319,7 +319,7 @@ def test_killed_write_then_resume(tmp_path, shards):
     data = da.from_array(expected, chunks=(4, 10))
     with pytest.raises(ArrayExistsError, match="resume=True"):
         gz.to_zarr_gpu(data, path, chunks=(2, 5), shards=shards)
-    from gpuzarr_dist.write import BlockWriter
+    from gpuzarr_dist.array.write import BlockWriter
 
     lazy = gz.to_zarr_gpu(data, path, chunks=(2, 5), shards=shards, resume=True, compute=False)
     assert _n_tasks(lazy) == 3 + 1  # 6 blocks, 3 already stored
@@ -415,7 +415,7 @@ def test_gpu_blocks_encode_on_the_device(tmp_path, monkeypatch, codec):
     def no_cpu(self, *args, **kwargs):
         raise AssertionError("encoded on the CPU")
 
-    from gpuzarr_dist.write import CpuBlockEncoder
+    from gpuzarr_dist.array.write import CpuBlockEncoder
 
     monkeypatch.setattr(CodecPipeline, "encode_batch", no_cpu)
     monkeypatch.setattr(CpuBlockEncoder, "launch", no_cpu)

@@ -19,7 +19,7 @@ import zarr
 import gpuzarr_dist as gz
 from conftest import assert_same, dev, make_data
 from gpuzarr_dist.errors import ChunkEncodeError, ChunkWriteError
-from gpuzarr_dist.write import BlockWriter, _even_runs
+from gpuzarr_dist.array.write import BlockWriter, _even_runs
 
 ts = pytest.importorskip("tensorstore")
 
@@ -133,10 +133,10 @@ def _one_block_writer_error(tmp_path, data, bad: str, how: str, monkeypatch):
     path = str(tmp_path / "out.zarr")
     if how == "encode":
         from gpuzarr_dist.codecs.pipeline import CodecPipeline
-        from gpuzarr_dist.write import CpuBlockEncoder
+        from gpuzarr_dist.array.write import CpuBlockEncoder
 
         if dev() == "gpu":  # the GPU path encodes on the CPU only where nvCOMP refuses: make it
-            import gpuzarr_dist.write_gpu as wg
+            import gpuzarr_dist.cuda.write as wg
 
             def refuse(pipeline, chunks, keys, stream):
                 raise ChunkEncodeError(pipeline.array, keys[0], "refused here", "zstd")
@@ -192,7 +192,7 @@ def _chunk_files(path: str) -> list[str]:
 def test_write_failure_waits_for_the_launched_encode(tmp_path, monkeypatch):
     """A write that fails while the next batch's encode runs: that encode is waited for (abandon) before the
     error leaves the task, so no encode thread still works on the block's buffers."""
-    from gpuzarr_dist.write import CpuBlockEncoder
+    from gpuzarr_dist.array.write import CpuBlockEncoder
 
     calls = []
     original = CpuBlockEncoder.abandon
@@ -217,8 +217,8 @@ def test_gpu_batches_encode_on_the_device_and_overlap(tmp_path, spy_batches, mon
     import cupy
 
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.write import CpuBlockEncoder
-    import gpuzarr_dist.write_gpu as wg
+    from gpuzarr_dist.array.write import CpuBlockEncoder
+    import gpuzarr_dist.cuda.write as wg
 
     def no_cpu(self, *args, **kwargs):
         raise AssertionError("encoded on the CPU")

@@ -91,10 +91,10 @@ def test_gpu_batch_encode_packs_every_chunk(monkeypatch, own_slots, codec):
     import cupy
     import numcodecs
 
-    from gpuzarr_dist.codecs import gpu_encode
+    from gpuzarr_dist.cuda import encode as gpu_encode
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     if not own_slots:
         monkeypatch.setattr(gpu_encode, "_max_compressed", lambda *a: None)

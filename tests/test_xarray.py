@@ -25,7 +25,7 @@ import xarray as xr
 import zarr
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.xarray_backend import GpuZarrBackendEntrypoint, _device_step, _mask, _OnHost
+from gpuzarr_dist.xarray.backend import GpuZarrBackendEntrypoint, _device_step, _mask, _OnHost
 from conftest import dev
 
 pytestmark = [

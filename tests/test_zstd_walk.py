@@ -1,6 +1,6 @@
 """The zstd frame walk that runs on the GPU before nvCOMP, compiled as C++ and run on the CPU.
 
-``gpuzarr_dist.codecs.kernels.ZSTD_FRAMES_SRC`` is plain C apart from the CUDA
+``gpuzarr_dist.cuda.kernels.ZSTD_FRAMES_SRC`` is plain C apart from the CUDA
 markers, so a host compiler (with AddressSanitizer where it has one) runs the
 very source the GPU runs: one process, each frame in its own exact-size heap
 buffer, so a read past a frame's end is caught. The walk must accept every
@@ -19,7 +19,7 @@ import numcodecs
 import numpy as np
 import pytest
 
-from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
+from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 from zstd_walk_host import build_walk, run_walk  # noqa: E402
@@ -131,7 +131,7 @@ def _device_walk(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int
     """The same walk on the GPU, through the kernel the decoder launches (frames at 256-byte aligned offsets)."""
     import cupy
 
-    from gpuzarr_dist.codecs.gpu import _kernel
+    from gpuzarr_dist.cuda.decode import _kernel
     from gpuzarr_dist.stores.base import staging_layout
 
     sizes = [len(f) for f in frames]
@@ -314,7 +314,7 @@ def test_block_walk_gives_the_one_thread_walks_verdicts(walk_exe, mode):
     one-thread walk of the same source: the same stated sizes and lengths, the same frames rejected, the same reason
     except where a block's offset reaches too far back (checked after the block, so a later fault in the same block
     is named instead). With 2 block slots most frames overflow the plan and are walked whole by the combine."""
-    from gpuzarr_dist.codecs.kernels import zstd_block_slots
+    from gpuzarr_dist.cuda.kernels import zstd_block_slots
 
     cases = _block_walk_cases(21, 1200)
     one = run_walk(walk_exe, cases, mode)
@@ -339,10 +339,10 @@ def test_device_block_walk_is_the_host_builds(walk_exe, mode, fork, monkeypatch)
     threads at once on their own streams (each thread's verdicts read back after its stream alone is synchronised)."""
     import cupy
 
-    from gpuzarr_dist.codecs import kernels
-    from gpuzarr_dist.codecs.gpu import _zstd_walk
-    from gpuzarr_dist.codecs.kernels import zstd_block_slots
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda import kernels
+    from gpuzarr_dist.cuda.decode import _zstd_walk
+    from gpuzarr_dist.cuda.kernels import zstd_block_slots
+    from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.base import staging_layout
 
     monkeypatch.setattr(kernels, "ZSTD_WALK_FORK", fork)
@@ -385,7 +385,7 @@ def _frame_with_compressed_block(rng: np.random.Generator) -> tuple[bytes, int, 
 
 def test_targeted_damage_is_named_by_the_check_that_catches_it(walk):
     """Hand-made damage to each entropy structure gives its own reason code (and libzstd rejects it too)."""
-    from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS
+    from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS
 
     rng = np.random.default_rng(3)
     frame, n, blk = _frame_with_compressed_block(rng)
@@ -458,7 +458,7 @@ def test_default_zstd_check_is_literals_and_values_are_checked():
     and decoded frames with damaged literal streams to other bytes than libzstd under the sequences walk."""
     import dask
 
-    from gpuzarr_dist.codecs.kernels import ZSTD_CHECK_MODES
+    from gpuzarr_dist.cuda.kernels import ZSTD_CHECK_MODES
     from gpuzarr_dist.config import ZSTD_CHECKS, zstd_check
 
     assert zstd_check() == "literals"

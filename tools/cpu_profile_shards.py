@@ -40,11 +40,11 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
 
-    from gpuzarr_dist import stages
-    from gpuzarr_dist.assemble import plan_selection
+    from gpuzarr_dist.runtime import stages
+    from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.bench.shards import write_variants
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
 
     paths = write_variants(args.path, args.steps, 721, 1440, shard_t=4)
     sel = (slice(0, args.steps), slice(None), slice(None))

@@ -1,4 +1,4 @@
-"""The deflate walk and the adler32 kernels of ``gpuzarr_dist.codecs.deflate_walk``, built for the host.
+"""The deflate walk and the adler32 kernels of ``gpuzarr_dist.cuda.deflate_walk``, built for the host.
 
 The CUDA sources are plain C apart from the CUDA markers, so a host C++
 compiler (with AddressSanitizer where it has one, so that a read outside a
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpuzarr_dist.codecs.deflate_walk import ADLER32_SRC, DEFLATE_WALK_SRC  # noqa: E402
+from gpuzarr_dist.cuda.deflate_walk import ADLER32_SRC, DEFLATE_WALK_SRC  # noqa: E402
 
 HARNESS = r"""
 #include <cstdio>

@@ -5,7 +5,7 @@ For every case of ``tools/gpu_fuzz.py`` (same seed, same case generation) on a
 chain whose data nvCOMP's Deflate decodes (zlib, gzip, zlib+crc32c,
 gzip+crc32c, blosc-zlib), the damaged chunk goes through what the GPU path
 does before nvCOMP, on the CPU: the outer crc32c, Blosc's frame checks
-(:func:`plan_frames`), then the deflate walk of ``gpuzarr_dist.codecs.deflate_walk``
+(:func:`plan_frames`), then the deflate walk of ``gpuzarr_dist.cuda.deflate_walk``
 compiled with g++ (``tools/deflate_walk_host.py``) on each zlib / gzip stream.
 Streams that pass it are checked as the device does after the decode (adler32,
 or CRC-32 and size). Each verdict is compared with the reference decoders
@@ -33,7 +33,7 @@ import gpu_fuzz as gf  # noqa: E402  (puts the repository first on sys.path)
 from deflate_walk_host import HostKernels  # noqa: E402
 
 from gpuzarr_dist.codecs import blosc_frames as bf  # noqa: E402
-from gpuzarr_dist.codecs.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB, walk_reason  # noqa: E402
+from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB, walk_reason  # noqa: E402
 from gpuzarr_dist.errors import ChunkDecodeError  # noqa: E402
 
 CHAINS = ("zlib", "gzip", "zlib+crc32c", "gzip+crc32c", "blosc-zlib")

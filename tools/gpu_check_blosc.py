@@ -42,8 +42,8 @@ def main() -> int:
 
     import cupy
 
-    from gpuzarr_dist.codecs.gpu_blosc import decode_blosc_batch
-    from gpuzarr_dist.runtime.cuda import align, pinned_staging, thread_stream
+    from gpuzarr_dist.cuda.blosc import decode_blosc_batch
+    from gpuzarr_dist.cuda.streams import align, pinned_staging, thread_stream
 
     rng = np.random.default_rng(0)
     shape = (721, 1440)

@@ -30,7 +30,7 @@ def main() -> int:
 
     import gpuzarr_dist as gz
     from gpuzarr_dist.demo import make_era5_like
-    from gpuzarr_dist.runtime import cluster as cm
+    from gpuzarr_dist.distributed import cluster as cm
 
     failures = []
     with tempfile.TemporaryDirectory() as tmp:

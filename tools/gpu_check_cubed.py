@@ -96,8 +96,10 @@ def main() -> int:
                 reads.append(1)
                 return orig(self, sel)
 
-            from gpuzarr_dist import write, write_gpu
+            from gpuzarr_dist.array import write
 
+
+            from gpuzarr_dist.cuda import write as write_gpu
             blocks: dict[str, dict] = {}
             gpu_encodes = []
             orig_write, orig_gpu = write.BlockWriter.write, write_gpu.gpu_block_encoder
@@ -192,7 +194,7 @@ def main() -> int:
         """gc.to_zarr on the GPU: several chunks per block, all encoded by our writer (nvCOMP past min-batch)."""
         import dask
 
-        from gpuzarr_dist import write_gpu
+        from gpuzarr_dist.cuda import write as write_gpu
 
         calls = []
         orig = write_gpu.gpu_block_encoder

@@ -69,7 +69,7 @@ def main() -> int:
         dask.config.set({"gpuzarr.local-reads": args.local_reads})
     odd: list = []
     if args.verify:  # the data are 220-300 K; partial sums and counts are positive
-        import gpuzarr_dist.reader as rd
+        import gpuzarr_dist.array.reader as rd
 
         real = rd.BlockReader.__getitem__
 

@@ -34,7 +34,7 @@ GEOMETRIES = (1, 4, 8, 32, 64, None)  # threads per block; None: "auto"
 def _spec(codec: str, n: int):
     import numpy as np
 
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
 
     shape = (721, 1440)
     return ArraySpec(name=f"era5-{codec}", shape=(n, *shape), chunk_shape=(1, *shape), dtype=np.dtype("<f4"),
@@ -46,7 +46,7 @@ def _spec(codec: str, n: int):
 def _staged(chunks: list[bytes], lead: int):
     import numpy as np
 
-    from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+    from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging
     from gpuzarr_dist.stores.base import staging_layout
 
     sizes = [len(c) for c in chunks]
@@ -79,14 +79,14 @@ def main() -> int:
     import zarr
     from nvidia import nvcomp
 
-    from gpuzarr_dist.codecs import gpu
-    from gpuzarr_dist.codecs.deflate_walk import DEFLATE_GZIP, DEFLATE_WALK_REASONS, DEFLATE_ZLIB
-    from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead
-    from gpuzarr_dist.codecs.gpu_deflate import adler32_streams, deflate_walk, walk_threads
+    from gpuzarr_dist.cuda import decode as gpu
+    from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_WALK_REASONS, DEFLATE_ZLIB
+    from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead
+    from gpuzarr_dist.cuda.deflate import adler32_streams, deflate_walk, walk_threads
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
     from gpuzarr_dist.demo import make_era5_like
     from gpuzarr_dist.errors import ChunkDecodeError
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     failures = 0
 

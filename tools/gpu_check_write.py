@@ -43,7 +43,7 @@ def era5(steps: int) -> np.ndarray:
 
 def pipeline_for(codec: str, crc: bool, chunk: tuple[int, ...]):
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
 
     codecs = [CodecSpec("bytes", {"endian": "little"})]
     if codec != "none":
@@ -57,8 +57,8 @@ def pipeline_for(codec: str, crc: bool, chunk: tuple[int, ...]):
 def encoder_checks(data: np.ndarray) -> None:
     import cupy
 
-    from gpuzarr_dist.codecs.gpu_encode import encode_batch_gpu
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.encode import encode_batch_gpu
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     print("1. batch encoder round trips (decoded by numcodecs / our CPU pipeline)")
     stream = thread_stream()
@@ -100,8 +100,8 @@ def encode_rates(data: np.ndarray) -> None:
     import cupy
     import numcodecs
 
-    from gpuzarr_dist.codecs.gpu_encode import encode_batch_gpu
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.encode import encode_batch_gpu
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     print("3. nvCOMP zstd batch encode vs numcodecs zstd (one thread), same data")
     stream = thread_stream()

@@ -34,11 +34,11 @@ def main() -> int:
     import numcodecs
     import numpy as np
 
-    from gpuzarr_dist.codecs.gpu import _zstd_frames, decode_batch_gpu
+    from gpuzarr_dist.cuda.decode import _zstd_frames, decode_batch_gpu
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
     from gpuzarr_dist.demo import make_era5_like
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
-    from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging, thread_stream
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream
     from gpuzarr_dist.stores.base import staging_layout
 
     failures = 0
@@ -76,8 +76,8 @@ def main() -> int:
                     _zstd_frames("era5-check", dev, offsets, sizes, keys, expected)
                 stream.synchronize()
                 times[mode] = (time.perf_counter() - t) / args.reps
-        import gpuzarr_dist.codecs.kernels as kernels
-        from gpuzarr_dist.codecs.gpu import _kernel, walk_launch
+        import gpuzarr_dist.cuda.kernels as kernels
+        from gpuzarr_dist.cuda.decode import _kernel, walk_launch
 
         default = kernels.ZSTD_BLOCK_THREADS, kernels.ZSTD_LANE_SHARED, kernels.ZSTD_LIT_SLOTS
         for mode in ("sequences", "literals"):

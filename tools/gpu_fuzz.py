@@ -304,7 +304,7 @@ def layout_for(seed: int, ids: list[int], attempt: int) -> list[list]:
 
 
 def _spec(chain: str):
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
 
     c = CHAINS[chain]
     if c["comp"] == "blosc":
@@ -378,7 +378,7 @@ class Decoder:
         self.pools = Pools(seed)
         self.pipelines = {chain: CodecPipeline(_spec(chain)) for chain in CHAINS}
         if self.gpu:
-            from gpuzarr_dist.runtime.cuda import thread_stream
+            from gpuzarr_dist.cuda.streams import thread_stream
 
             self.stream = thread_stream()
 
@@ -394,8 +394,8 @@ class Decoder:
         pipe = self.pipelines[chain]
         if not self.gpu:
             return [pipe.decode_chunk(b, k) for b, k in zip(chunks, keys)]
-        from gpuzarr_dist.codecs.gpu import decode_batch_gpu, framing_lead
-        from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging, settle
+        from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead
+        from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, settle
         from gpuzarr_dist.stores.base import staging_layout
 
         sizes = [len(b) for b in chunks]
@@ -806,9 +806,9 @@ class Lanes:
 
 def summary_line(counts: collections.Counter, by_check: collections.Counter, n: int, chains: int) -> str:
     """One line with the figures issue 9 asks for (cases, chains, rejected by the zstd / deflate walks, errors, failures)."""
-    from gpuzarr_dist.codecs.kernels import ZSTD_DEEP_REASONS
+    from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS
 
-    from gpuzarr_dist.codecs.deflate_walk import DEFLATE_WALK_REASONS, walk_reason
+    from gpuzarr_dist.cuda.deflate_walk import DEFLATE_WALK_REASONS, walk_reason
 
     walk = {_category(r) for r in ZSTD_DEEP_REASONS.values()}
     by_walk = sum(v for k, v in by_check.items() if k in walk)

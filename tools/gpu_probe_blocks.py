@@ -59,9 +59,9 @@ def threads_cpu(tids: list[int]) -> float:
 def main() -> int:
     import cupy
 
-    from gpuzarr_dist import stages
-    from gpuzarr_dist.reader import BlockReader
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.runtime import stages
+    from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.source import open_source
 
     p = argparse.ArgumentParser()

@@ -86,10 +86,12 @@ def timed_kernels(gpu, once, calls: int) -> None:
 def main() -> int:
     import cupy
 
-    from gpuzarr_dist.codecs import gpu, kernels
-    from gpuzarr_dist.codecs.gpu import NVCOMP_FRAMING, _decode_frames, _Frames, _zstd_frames, decode_batch_gpu, framing_lead
-    from gpuzarr_dist.reader import BlockReader
-    from gpuzarr_dist.runtime.cuda import ALIGN, align, pinned_staging, thread_stream
+    from gpuzarr_dist.cuda import decode as gpu
+
+    from gpuzarr_dist.cuda import kernels
+    from gpuzarr_dist.cuda.decode import NVCOMP_FRAMING, _decode_frames, _Frames, _zstd_frames, decode_batch_gpu, framing_lead
+    from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.cuda.streams import ALIGN, align, pinned_staging, thread_stream
     from gpuzarr_dist.stores.source import open_source
 
     p = argparse.ArgumentParser()

@@ -1,6 +1,6 @@
 """How much device scratch does nvCOMP's batched encoder ask for, and what does a call cost, by chunks per call?
 
-Prints, on one GPU, through nvCOMP's C API (:mod:`gpuzarr_dist.codecs.nvcomp_c`):
+Prints, on one GPU, through nvCOMP's C API (:mod:`gpuzarr_dist.cuda.nvcomp`):
 
 1. ``nvcompBatched{Zstd,Deflate}CompressGetTempSize`` for 1 to 225 chunks of
    1, 4.17 and 16 MB (the scratch of one call);
@@ -28,8 +28,8 @@ KEEP: list = []  # streams outlive the pool threads
 def main() -> int:
     import cupy
 
-    from gpuzarr_dist.codecs import nvcomp_c
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
+    from gpuzarr_dist.cuda.streams import align, thread_stream
 
     print("1. scratch of one call, MB (chunks per call: 1 2 8 28 150 225)", flush=True)
     for alg in ("Zstd", "Deflate"):

@@ -10,7 +10,7 @@ Frames are ERA5-like float32 chunks of (8, 181, 360), 2.09 MB, zstd level 0
    main thread sleeps (a rate near zero: the GIL is held);
 3. T threads (a stream and a codec each), 5 calls of 56 frames each: GB/s in
    all, with each thread calling nvCOMP's Python ``decode`` itself, then
-   through ``gpuzarr_dist.codecs.gpu._nvcomp_decode`` with each
+   through ``gpuzarr_dist.cuda.decode._nvcomp_decode`` with each
    ``gpuzarr.gpu.nvcomp-api`` (Python, C through ctypes), alone and with
    ``gpuzarr.gpu.decode-combine`` on (the calls of the moment joined into
    one, the joined calls counted).
@@ -67,7 +67,7 @@ def main() -> int:
     def batch(n: int):
         """This thread's stream, codec and device buffers for calls of ``n`` frames (made once)."""
         if not hasattr(local, "stream"):
-            from gpuzarr_dist.runtime.cuda import thread_stream
+            from gpuzarr_dist.cuda.streams import thread_stream
 
             local.stream = thread_stream()  # the library's per-thread stream (kept for the process's life)
             local.codec = nvcomp.Codec(algorithm="Zstd", bitstream_kind=nvcomp.BitstreamKind.RAW, device_id=0,
@@ -102,7 +102,7 @@ def main() -> int:
 
     def library(n: int, reps: int = 1) -> None:
         """The library's decode call (``_nvcomp_decode``) under the settings in force."""
-        from gpuzarr_dist.codecs.gpu import _nvcomp_decode
+        from gpuzarr_dist.cuda.decode import _nvcomp_decode
 
         stream, _, (dev, offs, sizes, out) = batch(n)
         with stream:
@@ -168,7 +168,7 @@ def main() -> int:
           f"({np.median(in_c) / idle:.0%})", flush=True)
 
     print("3. threads x 5 calls of 56 frames each", flush=True)
-    from gpuzarr_dist.codecs import combine
+    from gpuzarr_dist.cuda import combine
 
     for threads in [int(v) for v in a.threads.split(",")]:
         with ThreadPoolExecutor(threads) as pool:

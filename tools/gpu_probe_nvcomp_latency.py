@@ -29,9 +29,9 @@ import cupy
 import numcodecs
 import numpy as np
 
-from gpuzarr_dist.codecs import nvcomp_c
+from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 from gpuzarr_dist.demo import _Field
-from gpuzarr_dist.runtime.cuda import thread_stream
+from gpuzarr_dist.cuda.streams import thread_stream
 a = nvcomp_c.api("Zstd")
 f = _Field(7, 721, 1440)
 zs = numcodecs.Zstd(level=0)

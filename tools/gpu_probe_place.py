@@ -17,9 +17,9 @@ import cupy
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import gpuzarr_dist.reader_gpu as rg  # noqa: E402
-from gpuzarr_dist.codecs.gpu import _kernel  # noqa: E402
-from gpuzarr_dist.runtime.cuda import upload  # noqa: E402
+import gpuzarr_dist.cuda.blocks as rg  # noqa: E402
+from gpuzarr_dist.cuda.decode import _kernel  # noqa: E402
+from gpuzarr_dist.cuda.streams import upload  # noqa: E402
 
 OLD_SRC = r"""
 extern "C" __global__ void place_tiles(const T* chunks, T* out, long long total, int nd, const long long* dims,

@@ -18,7 +18,7 @@ last response, and the requests in flight. Options, as environment variables:
   threads never free them);
 - ``TIMELINE=1``: per-block times (start, shard GETs issued and done,
   staging filled, end) and each block's thread CPU time; ``STAGES=1``: one
-  more run with :mod:`gpuzarr_dist.stages` on;
+  more run with :mod:`gpuzarr_dist.runtime.stages` on;
 - ``RAWLOAD=N`` / ``RAWLOADPROC=N``: the raw GETs again beside N spinning
   Python threads (the GIL shared) / processes (the cores shared);
   ``RAWSYNC=1``: raw GETs by blocking calls on threads; ``NOOURS=1``: raw only;
@@ -36,7 +36,7 @@ import dask
 from gpuzarr_dist.bench.remote import _start_moto, _objects
 from gpuzarr_dist.bench.shards import write_variants, _stored
 from gpuzarr_dist.stores import remote as rmod
-from gpuzarr_dist.graph import from_zarr_gpu
+from gpuzarr_dist.array.read import from_zarr_gpu
 
 if os.environ.get("MALLOPT") == "1":  # large blocks from malloc's heap: freed without munmap, reused without faults
     import ctypes
@@ -111,9 +111,9 @@ def use_client(kind):
         (read_many_sync, read_ranges_sync) if kind == "threads" else async_impl)
 
 # per-block timeline: entry, shard GETs issued/done, staging filled, exit
-from gpuzarr_dist import stages
+from gpuzarr_dist.runtime import stages
 try:
-    from gpuzarr_dist import reader_gpu
+    from gpuzarr_dist.cuda import blocks as reader_gpu
 except ImportError:
     reader_gpu = None
 from gpuzarr_dist.stores import sharded as shmod

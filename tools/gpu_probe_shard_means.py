@@ -24,10 +24,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 steps = int(os.environ.get("STEPS", 960))
 runs = int(os.environ.get("RUNS", 4))
 root = os.environ.get("ROOT", "/tmp/gap")
-from gpuzarr_dist import stages
+from gpuzarr_dist.runtime import stages
 from gpuzarr_dist.bench.shards import write_variants
-from gpuzarr_dist.graph import from_zarr_gpu
-from gpuzarr_dist.reader import BlockReader
+from gpuzarr_dist.array.read import from_zarr_gpu
+from gpuzarr_dist.array.reader import BlockReader
 from gpuzarr_dist.stores.source import open_source
 
 t0 = time.perf_counter()

@@ -24,10 +24,10 @@ runs = int(os.environ.get("RUNS", 3))
 root = os.environ.get("ROOT", "/tmp/gap")
 names = os.environ.get("VARIANTS", "unsharded,inner256k").split(",")
 setting = dict(kv.split("=", 1) for kv in os.environ.get("SET", "").split(",") if kv)
-import gpuzarr_dist.reader_gpu as rg
+import gpuzarr_dist.cuda.blocks as rg
 import gpuzarr_dist.stores.sharded as sh
 from gpuzarr_dist.bench.shards import write_variants
-from gpuzarr_dist.graph import from_zarr_gpu
+from gpuzarr_dist.array.read import from_zarr_gpu
 
 paths = write_variants(root, steps, 721, 1440, shard_t=4)
 nbytes = steps * 721 * 1440 * 4

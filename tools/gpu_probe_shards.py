@@ -45,12 +45,12 @@ def main() -> int:
     import dask
     import zarr
 
-    from gpuzarr_dist import stages
-    from gpuzarr_dist.assemble import plan_selection
+    from gpuzarr_dist.runtime import stages
+    from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.bench.shards import write_variants
-    from gpuzarr_dist.reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
     if device == "gpu":
-        from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+        from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging
     else:
         ALIGN = 256
 
@@ -60,8 +60,8 @@ def main() -> int:
     def host(a):
         return a.get() if hasattr(a, "get") else a
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.windows import WindowSampler
-    from gpuzarr_dist.graph import from_zarr_gpu
+    from gpuzarr_dist.array.windows import WindowSampler
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     t0 = time.perf_counter()
     paths = write_variants(args.path, args.steps, 721, 1440, shard_t=4)

@@ -24,9 +24,9 @@ import dask
 def main() -> int:
     import cupy
 
-    import gpuzarr_dist.reader_gpu as rg
-    from gpuzarr_dist.runtime.cuda import staging_pool
-    from gpuzarr_dist.reader import BlockReader
+    import gpuzarr_dist.cuda.blocks as rg
+    from gpuzarr_dist.cuda.streams import staging_pool
+    from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.stores.source import open_source
 
     p = argparse.ArgumentParser()
@@ -81,7 +81,7 @@ def main() -> int:
         return mem
 
     cupy.cuda.alloc_pinned_memory = alloc_pinned_memory
-    import gpuzarr_dist.runtime.memory as rm
+    import gpuzarr_dist.cuda.memory as rm
 
     releases = [0]  # the reader's retries after an out-of-memory error
     real_release = rm.release_cached_device_memory
@@ -95,7 +95,7 @@ def main() -> int:
     rg.decode_batch_gpu = decode
     modes = {"off": [False], "on": [True], "both": [False, True]}[a.serial_reads]
     settings = [{}] + [dict(kv.split("=", 1) for kv in g.split(",")) for g in a.set]
-    from gpuzarr_dist.codecs import kernels
+    from gpuzarr_dist.cuda import kernels
 
     intervals = [None] + [ms / 1e3 for ms in a.switch_interval]
     forks = {"on": [True], "off": [False], "both": [True, False]}[a.walk_fork]

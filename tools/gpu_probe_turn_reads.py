@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 steps = int(os.environ.get("STEPS", 960)); runs = int(os.environ.get("RUNS", 3)); root = os.environ.get("ROOT", "/tmp/gap")
 names = os.environ.get("VARIANTS", "unsharded,inner256k").split(",")
 setting = dict(kv.split("=", 1) for kv in os.environ.get("SET", "").split(",") if kv)
-import gpuzarr_dist.reader_gpu as rg
+import gpuzarr_dist.cuda.blocks as rg
 import gpuzarr_dist.stores.local as lo
 from gpuzarr_dist.bench.shards import _mean, write_variants
 paths = write_variants(root, steps, 721, 1440, shard_t=4)

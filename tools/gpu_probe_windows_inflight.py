@@ -42,9 +42,9 @@ def main() -> int:
     ap.add_argument("--device", default="gpu", help="cpu: a dry run of the script's logic on a machine without a GPU")
     args = ap.parse_args()
 
-    from gpuzarr_dist import stages
+    from gpuzarr_dist.runtime import stages
     from gpuzarr_dist.bench.shards import write_variants
-    from gpuzarr_dist.windows import WindowSampler
+    from gpuzarr_dist.array.windows import WindowSampler
 
     paths = write_variants(args.path, args.steps, 721, 1440, shard_t=4)
     win = (4, 128, 128)

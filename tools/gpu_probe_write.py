@@ -40,7 +40,7 @@ def raw_nvcomp(data: np.ndarray, counts: tuple[int, ...]) -> None:
     import cupy
     from nvidia import nvcomp
 
-    from gpuzarr_dist.runtime.cuda import align, thread_stream
+    from gpuzarr_dist.cuda.streams import align, thread_stream
 
     print("A. raw nvCOMP zstd encode (GB/s of uncompressed data; best of 3; sizes read back)")
     flat = cupy.asarray(data.reshape(-1).view(np.uint8))
@@ -104,7 +104,7 @@ def stages(data: np.ndarray, counts: tuple[int, ...], folder: str | None) -> Non
     import cupy
 
     from gpuzarr_dist.bench.write_stages import stage_times, thread_scaling
-    from gpuzarr_dist.write import split_shape
+    from gpuzarr_dist.array.write import split_shape
 
     print("B. stages of BlockWriter.write, one block on the device")
     block = cupy.asarray(data)
@@ -130,10 +130,10 @@ def round_trip(data: np.ndarray) -> None:
     import cupy
     import numcodecs
 
-    from gpuzarr_dist.codecs.gpu_encode import encode_batch_gpu
+    from gpuzarr_dist.cuda.encode import encode_batch_gpu
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
-    from gpuzarr_dist.runtime.cuda import thread_stream
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     print("C. round trip of our encoder (numcodecs decodes every chunk to the input)")
     chunks = data[:4].reshape(4 * 7, 103, 1440)

@@ -45,8 +45,8 @@ def era5(steps: int) -> np.ndarray:
 
 
 def writer_for(folder: str, block_shape, nblocks: int, codec: str = "zstd", crc: bool = False):
-    from gpuzarr_dist.metadata import spec_from_zarr_metadata
-    from gpuzarr_dist.write import BlockWriter, _codec_objects, _open_target, create_metadata
+    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
+    from gpuzarr_dist.array.write import BlockWriter, _codec_objects, _open_target, create_metadata
 
     shape = (block_shape[0] * nblocks, *block_shape[1:])
     t = _open_target(folder, None, None)
@@ -62,7 +62,7 @@ def checks(block_host: np.ndarray, base: str) -> None:
     import dask
     import zarr
 
-    from gpuzarr_dist.runtime.cuda import sync_thread_stream
+    from gpuzarr_dist.cuda.streams import sync_thread_stream
 
     print("1. sub-batched block writes read back by zarr-python")
     block = cupy.asarray(block_host)
@@ -89,9 +89,9 @@ def checks(block_host: np.ndarray, base: str) -> None:
 def asynchrony(block_host: np.ndarray) -> None:
     import cupy
 
-    from gpuzarr_dist.codecs.gpu_encode import finish_encode_gpu, launch_encode_gpu
-    from gpuzarr_dist.runtime.cuda import thread_stream
-    from gpuzarr_dist.write import chunk_grid
+    from gpuzarr_dist.cuda.encode import finish_encode_gpu, launch_encode_gpu
+    from gpuzarr_dist.cuda.streams import thread_stream
+    from gpuzarr_dist.array.write import chunk_grid
 
     print("2. does launch_encode_gpu return before the GPU is done? (host ms in launch / in finish)")
     with tempfile.TemporaryDirectory() as d:
@@ -115,8 +115,8 @@ def table(block_host: np.ndarray, nblocks: int, counts: list[int], base: str) ->
     import cupy
     import dask
 
-    from gpuzarr_dist.runtime.cuda import sync_thread_stream
-    from gpuzarr_dist.write_gpu import encode_block_gpu
+    from gpuzarr_dist.cuda.streams import sync_thread_stream
+    from gpuzarr_dist.cuda.write import encode_block_gpu
 
     print(f"3. BlockWriter.write GB/s (uncompressed), {nblocks} blocks of {block_host.nbytes / 1e6:.0f} MB, "
           f"chunks (1, 721, 1440), zstd, files under {base}")

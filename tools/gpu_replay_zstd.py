@@ -103,7 +103,7 @@ class HostWalk:
 
 def raw_zstd_pipeline(nbytes: int):
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
 
     spec = ArraySpec(name="replay-zstd", shape=(nbytes,), chunk_shape=(nbytes,), dtype=np.dtype("|u1"), fill_value=0,
                      zarr_format=3, codecs=(CodecSpec("bytes", {}), CodecSpec("zstd", {})), key_prefix="c",
@@ -122,8 +122,8 @@ def device_decode(device: str, frame: bytes, nbytes: int, check: str) -> tuple[b
         try:
             if device == "cpu":
                 return bytes(np.asarray(pipe.decode_chunk(frame, "c/0")).tobytes()), "decoded (CPU pipeline)"
-            from gpuzarr_dist.codecs.gpu import decode_batch_gpu
-            from gpuzarr_dist.runtime.cuda import pinned_staging, thread_stream
+            from gpuzarr_dist.cuda.decode import decode_batch_gpu
+            from gpuzarr_dist.cuda.streams import pinned_staging, thread_stream
 
             stream = thread_stream()
             host = pinned_staging(len(frame))
@@ -257,9 +257,9 @@ def race_demo(chunks: list[bytes], repeat: int, nbytes: int) -> dict:
     import cupy
 
     from gpuzarr_dist.codecs import host_checks
-    from gpuzarr_dist.codecs.gpu import _kernel, walk_launch
-    from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC
-    from gpuzarr_dist.runtime.cuda import ALIGN, pinned_staging
+    from gpuzarr_dist.cuda.decode import _kernel, walk_launch
+    from gpuzarr_dist.cuda.kernels import ZSTD_FRAMES_SRC
+    from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging
     from gpuzarr_dist.stores.base import staging_layout
 
     sizes = [len(c) for c in chunks]

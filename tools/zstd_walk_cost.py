@@ -57,7 +57,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=8, help="distinct ERA5-like time steps to write")
     p.add_argument("--reps", type=int, default=3)
     args = p.parse_args()
-    from gpuzarr_dist.codecs.kernels import ZSTD_CHECK_MODES, ZSTD_FRAMES_SRC
+    from gpuzarr_dist.cuda.kernels import ZSTD_CHECK_MODES, ZSTD_FRAMES_SRC
     from gpuzarr_dist.demo import make_era5_like
     from zstd_walk_host import PREAMBLE
 

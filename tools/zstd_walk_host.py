@@ -1,4 +1,4 @@
-"""The zstd frame walk of ``gpuzarr_dist.codecs.kernels`` (``ZSTD_FRAMES_SRC``), built for the host.
+"""The zstd frame walk of ``gpuzarr_dist.cuda.kernels`` (``ZSTD_FRAMES_SRC``), built for the host.
 
 The CUDA source is plain C apart from the CUDA markers, so a host C++
 compiler (with AddressSanitizer and UBSan where it has them, so that a read
@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gpuzarr_dist.codecs.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES  # noqa: E402
+from gpuzarr_dist.cuda.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES  # noqa: E402
 
 #: what makes the CUDA source plain C++ (one thread: the launch indices are globals the caller sets)
 PREAMBLE = r"""

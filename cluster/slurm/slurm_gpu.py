@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.runtime.jobqueue import jobqueue_cluster
+from gpuzarr_dist.distributed.jobqueue import jobqueue_cluster
 
 
 def main() -> None:

@@ -7,27 +7,27 @@ def main(args) -> int:
     """Dispatch ``gpuzarr-dist bench <name>``."""
     name = getattr(args, "bench", None) or getattr(args, "name", None) or "read"
     if name == "read":
-        from .read import run
+        from gpuzarr_dist.bench.read import run
 
         return run(args)
     if name == "write":
-        from .write import run as run_write
+        from gpuzarr_dist.bench.write import run as run_write
 
         return run_write(args)
     if name == "shards":
-        from .shards import run as run_shards
+        from gpuzarr_dist.bench.shards import run as run_shards
 
         return run_shards(args)
     if name == "remote":
-        from .remote import run as run_remote
+        from gpuzarr_dist.bench.remote import run as run_remote
 
         return run_remote(args)
     if name == "scale":
-        from .scale import run as run_scale
+        from gpuzarr_dist.bench.scale import run as run_scale
 
         return run_scale(args)
     if name == "cubed":
-        from .cubed import run as run_cubed
+        from gpuzarr_dist.bench.cubed import run as run_cubed
 
         return run_cubed(args)
     raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed")

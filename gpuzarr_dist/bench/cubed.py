@@ -244,7 +244,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             res["peak_task_bytes"] = max(peaks) if peaks else None
             res["reserved_mem"] = s.reserved_mem
             if device == "gpu":
-                from gpuzarr_dist.codecs.gpu_encode import workspace_bytes
+                from gpuzarr_dist.cuda.encode import workspace_bytes
 
                 res["encode_workspace_bytes"] = workspace_bytes()  # the process's, shared by its tasks
             res["blocks"] = [list(c[:2]) for c in x.chunks]
@@ -355,7 +355,7 @@ def row_threads(threads: int | None, device: str) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     from dask.utils import format_bytes, parse_bytes
 
-    from ..runtime.device import resolve_device
+    from gpuzarr_dist.cuda.device import resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -387,7 +387,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
-    from ..config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api
+    from gpuzarr_dist.config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api
 
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
               "threads": threads, "cpu_threads": cpu_threads, "sync_wait": gpu_sync_wait(),
@@ -473,7 +473,7 @@ def format_result(res: dict) -> str:
                      f"gpuzarr-dist ({format_bytes(w['bytes_stored'])} stored), {w['zarr_writes']} by zarr-python")
     dk = next((r for r in res["rows"] if r["kind"] == "ours-dask" and "error" not in r), None)
     if oc and oc.get("anomaly_ops"):
-        from ..cubed.timing import format_rows
+        from gpuzarr_dist.cubed.timing import format_rows
 
         for key, what in (("anomaly_ops", "gc.to_zarr, optimize_dag"), ("anomaly_cubed_fusion_ops", "cubed's fusion")):
             if oc.get(key):

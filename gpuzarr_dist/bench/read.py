@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .files import chunk_files, drop_page_cache, read_ceiling
-from .report import Row, format_table, save
+from gpuzarr_dist.bench.files import chunk_files, drop_page_cache, read_ceiling
+from gpuzarr_dist.bench.report import Row, format_table, save
 
 OURS = "gpuzarr-dist from_zarr_gpu().mean(0)"
 
@@ -34,7 +34,7 @@ def _sync(device: str) -> None:
 def _ours(path: str, device: str, threads: int, block: str | None = None, settings: dict | None = None) -> Callable[[], None]:
     import dask
 
-    from ..graph import from_zarr_gpu
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     def run() -> None:
         x = from_zarr_gpu(path, device=device, chunks=block or "auto")
@@ -100,8 +100,8 @@ def _time(fn: Callable[[], None], repeat: int, files: list[str] | None) -> float
 
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench read``; returns the exit status."""
-    from ..demo import make_era5_like
-    from ..runtime.device import resolve_device
+    from gpuzarr_dist.demo import make_era5_like
+    from gpuzarr_dist.cuda.device import resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -164,7 +164,7 @@ def _blosc_copy(src: str, dst: str, steps: int) -> None:
 def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repeat: int, quick: bool,
              out_dir: str, args) -> None:
     """All rows for one stored array: the file-read ceiling, ours, and the alternatives, warm and cold."""
-    from ..runtime.device import gpu_status
+    from gpuzarr_dist.cuda.device import gpu_status
 
     files = chunk_files(path)
     compressed = sum(os.path.getsize(p) for p in files)
@@ -173,7 +173,7 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     how, stem = CODECS[codec]
     print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
-    from ..config import deflate_check, gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api, zstd_check
+    from gpuzarr_dist.config import deflate_check, gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api, zstd_check
 
     # the GPU walks' depth and how threads wait for the GPU set the GPU's rate
     checks = (f"zstd check {zstd_check()}, deflate check {deflate_check()}, sync-wait {gpu_sync_wait()}, "
@@ -243,8 +243,8 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
 
 def stage_times(path: str, device: str, block: str | None) -> list[str]:
     """Time the stages of one block's read on one thread, one by one (warm cache), to find the limit."""
-    from ..assemble import plan_selection
-    from ..graph import from_zarr_gpu
+    from gpuzarr_dist.core.selection import plan_selection
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")
     reader = next(iter(x.dask.values())).args[0].value
@@ -260,8 +260,8 @@ def stage_times(path: str, device: str, block: str | None) -> list[str]:
     if device == "gpu":
         import cupy
 
-        from ..codecs.gpu import decode_batch_gpu
-        from ..runtime.cuda import ALIGN, pinned_staging, thread_stream
+        from gpuzarr_dist.cuda.decode import decode_batch_gpu
+        from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream
 
         stream = thread_stream()
         host, offs, sizes = reader.store.read_into(keys, pinned_staging, ALIGN)
@@ -301,9 +301,9 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
     """GB/s of whole-block reads (no dask) on 1..16 threads, and of each GPU stage alone, to see what scales."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..assemble import plan_selection
-    from ..graph import from_zarr_gpu
-    from ..runtime.memory import release_cached_device_memory
+    from gpuzarr_dist.core.selection import plan_selection
+    from gpuzarr_dist.array.read import from_zarr_gpu
+    from gpuzarr_dist.cuda.memory import release_cached_device_memory
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")
     reader = next(iter(x.dask.values())).args[0].value
@@ -312,8 +312,8 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
     nbytes = x.nbytes
     stages: dict[str, Callable[[tuple], None]] = {"whole block": lambda sel: reader[sel]}
     if device == "gpu":
-        from ..codecs.gpu import decode_batch_gpu
-        from ..runtime.cuda import ALIGN, pinned_staging, thread_stream
+        from gpuzarr_dist.cuda.decode import decode_batch_gpu
+        from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream
 
         keys = {sel: [reader.spec.chunk_key(p.coords) for p in plan_selection(reader.spec, sel).parts] for sel in sels}
         staged = {sel: reader.store.read_into(keys[sel], pinned_staging, ALIGN) for sel in sels}

@@ -37,8 +37,8 @@ import tempfile
 import time
 from typing import Any
 
-from .report import Row, format_table, save
-from .shards import _best, _stored, write_variants
+from gpuzarr_dist.bench.report import Row, format_table, save
+from gpuzarr_dist.bench.shards import _best, _stored, write_variants
 
 
 def _objects(root: str) -> list[str]:
@@ -97,8 +97,8 @@ def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench remote``."""
     import dask
 
-    from ..runtime.device import gpu_status, resolve_device
-    from ..stores.remote import ObjectChunkStore
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
+    from gpuzarr_dist.stores.remote import ObjectChunkStore
 
     try:
         import boto3
@@ -223,7 +223,7 @@ class _MotoProcess:
 def _mean_s3(url: str, opts: dict, device: str, threads: int):
     import dask
 
-    from ..graph import from_zarr_gpu
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     def run() -> None:
         x = from_zarr_gpu(url, device=device, storage_options=opts)

@@ -27,8 +27,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Any
 
-from .files import chunk_files
-from .report import Row, save
+from gpuzarr_dist.bench.files import chunk_files
+from gpuzarr_dist.bench.report import Row, save
 
 STEP_BYTES = 721 * 1440 * 4
 _sampler: dict[str, Any] = {}
@@ -62,14 +62,14 @@ def _stop_sampler() -> tuple[int, int]:
 
 
 def _ceiling_in_worker(files_by_worker: dict, threads: int, device: str, dask_worker: Any = None) -> tuple[float, int]:
-    from .files import read_ceiling
+    from gpuzarr_dist.bench.files import read_ceiling
 
     files = files_by_worker.get(dask_worker.address, [])
     return read_ceiling(files, threads, device) if files else (0.0, 0)
 
 
 def _gpu_count() -> int:
-    from ..runtime.gpus import visible_devices
+    from gpuzarr_dist.distributed.gpus import visible_devices
 
     listed = visible_devices()
     if listed is not None:
@@ -80,7 +80,7 @@ def _gpu_count() -> int:
 
 
 def _make_store(path: str, steps: int, seed: int) -> Any:
-    from ..demo import make_era5_like
+    from gpuzarr_dist.demo import make_era5_like
 
     return make_era5_like(path, steps, seed=seed)
 
@@ -88,9 +88,9 @@ def _make_store(path: str, steps: int, seed: int) -> Any:
 def run(args: Any) -> int:
     import dask.array as da
 
-    from ..graph import from_zarr_gpu
-    from ..runtime.cluster import start_cluster
-    from ..runtime.device import gpu_status, resolve_device
+    from gpuzarr_dist.array.read import from_zarr_gpu
+    from gpuzarr_dist.distributed.cluster import start_cluster
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False)) or device == "cpu"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .report import Row, format_table, save
+from gpuzarr_dist.bench.report import Row, format_table, save
 
 OURS = "gpuzarr-dist, sharded 256 KiB inner chunks"
 #: the chunk cache of tensorstore's cached rows: more than a group of windows here decodes (the whole array is 0.8 GB)
@@ -34,7 +34,7 @@ def write_variants(root: str, steps: int, nlat: int, nlon: int, shard_t: int) ->
     import zarr
     import zarr.codecs as zc
 
-    from ..demo import _Field
+    from gpuzarr_dist.demo import _Field
 
     paths = {k: os.path.join(root, f"{k}.zarr") for k in ("unsharded", "inner256k", "inner1m")}
     if all(os.path.exists(os.path.join(p, "zarr.json")) and os.path.exists(os.path.join(p, ".complete")) for p in paths.values()):
@@ -67,7 +67,7 @@ def _stored(path: str) -> int:
 def _mean(path: str, device: str, threads: int) -> Callable[[], None]:
     import dask
 
-    from ..graph import from_zarr_gpu
+    from gpuzarr_dist.array.read import from_zarr_gpu
 
     def run() -> None:
         x = from_zarr_gpu(path, device=device)
@@ -108,8 +108,8 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
     """
     import zarr
 
-    from .. import stages
-    from ..windows import WindowSampler
+    from gpuzarr_dist.runtime import stages
+    from gpuzarr_dist.array.windows import WindowSampler
 
     sampler = WindowSampler(path, window, device=device)
     sizes = call_sizes(batch)
@@ -208,7 +208,7 @@ def window_ratios(rates: list[tuple[str, float, str]], batch: int, in_flight: in
 
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench shards``."""
-    from ..runtime.device import gpu_status, resolve_device
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -234,7 +234,7 @@ def run(args) -> int:
     print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}; files in the page cache")
     names = {"inner256k": OURS, "inner1m": "gpuzarr-dist, sharded 1 MiB inner chunks",
              "unsharded": "gpuzarr-dist, unsharded (1, 721, 1440) chunks" if not quick else "gpuzarr-dist, unsharded"}
-    from .. import stages
+    from gpuzarr_dist.runtime import stages
 
     rows, stage_tables = [], []
     for k, p in paths.items():

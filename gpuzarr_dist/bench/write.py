@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .files import chunk_files
-from .report import Row, format_table, save
+from gpuzarr_dist.bench.files import chunk_files
+from gpuzarr_dist.bench.report import Row, format_table, save
 
 OURS = "gpuzarr-dist to_zarr_gpu"
 CHUNK = (1, 721, 1440)
@@ -35,7 +35,7 @@ def _stored(path: str) -> int:
 
 
 def _data(steps: int) -> np.ndarray:
-    from ..demo import _Field, _slabs
+    from gpuzarr_dist.demo import _Field, _slabs
 
     return np.concatenate(list(_slabs(_Field(seed=0), steps)))
 
@@ -54,8 +54,8 @@ def run(args) -> int:
     import zarr
     import zarr.codecs as zc
 
-    from ..runtime.device import gpu_status, resolve_device
-    from ..write import to_zarr_gpu
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
+    from gpuzarr_dist.array.write import to_zarr_gpu
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -139,7 +139,7 @@ def run(args) -> int:
             shutil.rmtree(path, ignore_errors=True)
     ceiling_lines: list[str] = []
     if not getattr(args, "no_ceiling", False):  # what the machine's page cache takes: the bound on every row
-        from .write_ceiling import ceiling_rows, load_objects
+        from gpuzarr_dist.bench.write_ceiling import ceiling_rows, load_objects
 
         crows, ceiling_lines = ceiling_rows(load_objects(os.path.join(tmp.name, "ours.zarr")), nbytes, threads,
                                             tmp.name, repeat)
@@ -166,15 +166,15 @@ def run(args) -> int:
 
 def _small_chunk(block_steps: int, mib: float) -> tuple[int, ...]:
     """A chunk shape of about ``mib`` MiB dividing one time step (so it divides the blocks too)."""
-    from ..write import split_shape
+    from gpuzarr_dist.array.write import split_shape
 
     return (1, *split_shape(CHUNK[1:], 4, max(1, int(mib * 2**20))))
 
 
 def _stages(x, device: str, block_steps: int, small: list[tuple[int, ...]], folder: str, quick: bool) -> None:
     """Per-stage timings of one block on one thread, then thread scaling, for each layout of the table."""
-    from ..write import plan_layout
-    from .write_stages import stage_times, thread_scaling
+    from gpuzarr_dist.array.write import plan_layout
+    from gpuzarr_dist.bench.write_stages import stage_times, thread_scaling
 
     gpu = device == "gpu"
     block = x.blocks[0].compute(scheduler="sync")

@@ -33,8 +33,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from .files import chunk_files
-from .report import Row
+from gpuzarr_dist.bench.files import chunk_files
+from gpuzarr_dist.bench.report import Row
 
 
 def load_objects(path: str) -> list[tuple[str, bytes]]:
@@ -72,7 +72,7 @@ def _replace_making_folder(root: str, key: str, data: bytes) -> None:
 def ceiling_rows(objects: list[tuple[str, bytes]], uncompressed: int, threads: int, folder: str,
                  repeat: int = 3) -> tuple[list[Row], list[str]]:
     """Rows (GB/s of uncompressed-equivalent data) and printable lines for writing ``objects`` as files."""
-    from ..stores.writer import LocalObjectWriter
+    from gpuzarr_dist.stores.writer import LocalObjectWriter
 
     stored = sum(len(d) for _, d in objects)
     ratio = uncompressed / stored if stored else 1.0

@@ -9,7 +9,7 @@ for one block on one thread (best of 3, the stream synchronised after each):
   ``device->pinned`` (one copy of the packed buffer);
 - ``shard assembly`` (sharded arrays): the shard indexes and the lists of pieces each shard is written from;
 - ``object writes``: every object written to a temporary name and renamed (page cache);
-- ``whole block``: :meth:`~gpuzarr_dist.write.BlockWriter.write`, all of the above in one call.
+- ``whole block``: :meth:`~gpuzarr_dist.array.write.BlockWriter.write`, all of the above in one call.
 
 GB/s are of uncompressed data, so the slowest stage is the limit of one thread.
 """
@@ -28,9 +28,9 @@ import numpy as np
 
 def block_writer(folder: str, block_shape: tuple[int, ...], nblocks: int, dtype: Any, chunk: tuple[int, ...],
                  shard: tuple[int, ...] | None, codec: str = "zstd", device: str = "auto") -> Any:
-    """A :class:`~gpuzarr_dist.write.BlockWriter` for an array of ``nblocks`` blocks along axis 0, under ``folder``."""
-    from ..metadata import spec_from_zarr_metadata
-    from ..write import BlockWriter, _codec_objects, _open_target, create_metadata
+    """A :class:`~gpuzarr_dist.array.write.BlockWriter` for an array of ``nblocks`` blocks along axis 0, under ``folder``."""
+    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
+    from gpuzarr_dist.array.write import BlockWriter, _codec_objects, _open_target, create_metadata
 
     shape = (block_shape[0] * nblocks, *block_shape[1:])
     t = _open_target(folder, None, None)
@@ -55,7 +55,7 @@ def _best(fn: Callable[[], Any], repeat: int = 3) -> float:
 def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | None, gpu: bool,
                 folder: str | None = None) -> list[str]:
     """Lines giving each write stage's seconds and GB/s for ``block`` (numpy or cupy) on this thread."""
-    from ..write import chunk_grid
+    from gpuzarr_dist.array.write import chunk_grid
 
     nbytes = block.nbytes
     with tempfile.TemporaryDirectory(prefix="gpuzarr-stages-", dir=folder) as d:
@@ -69,8 +69,8 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
         if gpu:
             import cupy
 
-            from ..codecs.gpu_encode import encode_batch_gpu
-            from ..runtime.cuda import thread_stream
+            from gpuzarr_dist.cuda.encode import encode_batch_gpu
+            from gpuzarr_dist.cuda.streams import thread_stream
 
             stream = thread_stream()
 
@@ -93,7 +93,7 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
                 if best and best.get(k, 0.0) > 2e-6:
                     times[label] = best[k]
         else:
-            from ..runtime.threads import decode_pool
+            from gpuzarr_dist.runtime.threads import decode_pool
 
             times["chunk grid (host copy)"] = _best(lambda: chunk_grid(block, spec.chunk_shape, spec.fill_value, np))
             chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, np)
@@ -145,7 +145,7 @@ def _shard_items(w: Any, encoded: list[Any], first: tuple[int, ...], grid: list[
 
 def _sync(gpu: bool) -> None:
     if gpu:
-        from ..runtime.cuda import sync_thread_stream
+        from gpuzarr_dist.cuda.streams import sync_thread_stream
 
         sync_thread_stream()
 
@@ -153,7 +153,7 @@ def _sync(gpu: bool) -> None:
 def thread_scaling(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | None, gpu: bool,
                    counts: tuple[int, ...] = (1, 4, 8, 16), nblocks: int = 16, folder: str | None = None) -> list[str]:
     """GB/s of ``nblocks`` copies of ``block`` encoded (only) and written (whole) on 1..16 threads, no dask."""
-    from ..write import chunk_grid
+    from gpuzarr_dist.array.write import chunk_grid
 
     lines = [f"thread scaling, {nblocks} blocks of {block.nbytes / 1e6:.0f} MB, chunks {tuple(chunk)}"
              f"{f', shards {tuple(shard)}' if shard else ''}; GB/s of uncompressed data:"]
@@ -170,8 +170,8 @@ def thread_scaling(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | 
             if gpu:
                 import cupy
 
-                from ..codecs.gpu_encode import encode_batch_gpu
-                from ..runtime.cuda import thread_stream
+                from gpuzarr_dist.cuda.encode import encode_batch_gpu
+                from gpuzarr_dist.cuda.streams import thread_stream
 
                 encode_batch_gpu(w.pipeline, chunk_grid(block, spec.chunk_shape, spec.fill_value, cupy), keys,
                                  thread_stream())

@@ -8,7 +8,7 @@ from typing import Any
 import numcodecs
 import numpy as np
 
-from .base import ArrayArrayCodec, ArrayBytesCodec, ChunkLayout
+from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, ChunkLayout
 
 
 class Bytes(ArrayBytesCodec):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ChunkDecodeError
+from gpuzarr_dist.errors import ChunkDecodeError
 
 HEADER = 16
 MEMCPYED, DOSHUFFLE, DOBITSHUFFLE, RESERVED, DONT_SPLIT = 0x2, 0x1, 0x4, 0x8, 0x10

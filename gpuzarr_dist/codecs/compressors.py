@@ -11,7 +11,7 @@ import google_crc32c
 import numpy as np
 import numcodecs
 
-from .base import BytesBytesCodec
+from gpuzarr_dist.codecs.base import BytesBytesCodec
 
 
 class _Numcodecs(BytesBytesCodec):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ChunkDecodeError
+from gpuzarr_dist.errors import ChunkDecodeError
 
 
 def u32_at(host: np.ndarray, pos: Sequence[int] | np.ndarray, big: bool = False) -> np.ndarray:

@@ -18,11 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from .base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
-from .registry import get_codec
-from ..errors import ChunkDecodeError, ChunkEncodeError, MetadataError
-from ..metadata import ArraySpec
-from ..runtime.threads import map_all
+from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
+from gpuzarr_dist.codecs.registry import get_codec
+from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
+from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.runtime.threads import map_all
 
 
 class CodecPipeline:

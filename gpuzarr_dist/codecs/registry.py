@@ -7,11 +7,11 @@ through the same code.
 
 from __future__ import annotations
 
-from .arrays import Bytes, Delta, Transpose
-from .base import Codec
-from .compressors import LZ4, Blosc, Crc32c, GZip, Zlib, Zstd
-from ..errors import MetadataError, UnsupportedCodecError
-from ..metadata import CodecSpec
+from gpuzarr_dist.codecs.arrays import Bytes, Delta, Transpose
+from gpuzarr_dist.codecs.base import Codec
+from gpuzarr_dist.codecs.compressors import LZ4, Blosc, Crc32c, GZip, Zlib, Zstd
+from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
+from gpuzarr_dist.core.metadata import CodecSpec
 
 _REGISTRY: dict[str, type[Codec]] = {}
 

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from .compressors import crc32c_value
-from .pipeline import CodecPipeline
-from ..errors import ChunkDecodeError, MetadataError
-from ..metadata import ArraySpec
+from gpuzarr_dist.codecs.compressors import crc32c_value
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.errors import ChunkDecodeError, MetadataError
+from gpuzarr_dist.core.metadata import ArraySpec
 
 MISSING = np.uint64(2**64 - 1)
 

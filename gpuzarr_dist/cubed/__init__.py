@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .backend import CubedBackendError, use_backend, worker_environ
-from .memory import default_reserved_mem
-from .output import to_zarr
-from .reader import MemoryBudgetError, from_zarr_gpu
-from .spec import spec
+from gpuzarr_dist.cubed.backend import CubedBackendError, use_backend, worker_environ
+from gpuzarr_dist.cubed.memory import default_reserved_mem
+from gpuzarr_dist.cubed.output import to_zarr
+from gpuzarr_dist.cubed.reader import MemoryBudgetError, from_zarr_gpu
+from gpuzarr_dist.cubed.spec import spec
 
 _LAZY = {
     "ThreadsExecutor": "executor",
@@ -44,7 +44,7 @@ def __getattr__(name: str) -> Any:
     import sys
 
     if "cubed" not in sys.modules:  # these modules import cubed: choose its backend first
-        from .spec import choose_device
+        from gpuzarr_dist.cubed.spec import choose_device
 
         use_backend(choose_device("auto"))
     return getattr(importlib.import_module(f"{__name__}.{mod}"), name)

@@ -18,7 +18,7 @@ import sys
 import warnings
 from typing import Any
 
-from ..errors import GpuZarrError
+from gpuzarr_dist.errors import GpuZarrError
 
 ENV = "CUBED_BACKEND_ARRAY_API_MODULE"
 CUPY = "array_api_compat.cupy"

@@ -31,16 +31,16 @@ import networkx as nx
 from cubed.runtime import types as ctypes
 from cubed.runtime.types import DagExecutor
 
-from ..runtime.device import resolve_device
-from .backend import check_backend, loaded, worker_check
-from .memory import decode_limit
-from .storage import prepare_process, wrap_config
-from .tasks import run_task, run_task_payload
+from gpuzarr_dist.cuda.device import resolve_device
+from gpuzarr_dist.cubed.backend import check_backend, loaded, worker_check
+from gpuzarr_dist.cubed.memory import decode_limit
+from gpuzarr_dist.cubed.storage import prepare_process, wrap_config
+from gpuzarr_dist.cubed.tasks import run_task, run_task_payload
 
 
 def _device(device: str) -> str:
     """Resolve ``"auto"`` against both the GPU stack and the backend cubed was imported with."""
-    from .backend import CUPY, _same
+    from gpuzarr_dist.cubed.backend import CUPY, _same
 
     if device == "auto":
         dev = resolve_device("auto")
@@ -269,7 +269,7 @@ class DistributedExecutor(DagExecutor):
                              "(distributed.Client(...) or gpuzarr_dist.start_cluster())") from None
 
     def _prepare_workers(self, client: Any, dev: str, spec: Any) -> int:
-        from .backend import BackendPlugin
+        from gpuzarr_dist.cubed.backend import BackendPlugin
 
         nthreads = client.nthreads()
         if not nthreads:
@@ -278,7 +278,7 @@ class DistributedExecutor(DagExecutor):
         problems = {w: p for w, p in client.run(worker_check, dev).items() if p}
         if problems:
             w, p = next(iter(sorted(problems.items())))
-            from .backend import CubedBackendError
+            from gpuzarr_dist.cubed.backend import CubedBackendError
 
             raise CubedBackendError(f"worker {w}: {p} (restart the workers, e.g. client.restart(), after "
                                     "gpuzarr_dist.cubed has set the backend)")

@@ -24,7 +24,7 @@ def output_chunks(block: tuple[int, ...], itemsize: int, chunks: Any, name: str)
     tasks at once (zarr-python reads, merges and rewrites it): one of the
     writes could be lost, so it is refused.
     """
-    from ..write import _as_shape, block_chunks
+    from gpuzarr_dist.array.write import _as_shape, block_chunks
 
     block = tuple(max(int(b), 1) for b in block)
     chunk = block_chunks(block, itemsize) if chunks is None else _as_shape(chunks, len(block), "chunks", block)
@@ -86,7 +86,7 @@ def to_zarr(
     """
     import cubed
 
-    from ..write import _codec_objects, _open_target, create_metadata
+    from gpuzarr_dist.array.write import _codec_objects, _open_target, create_metadata
 
     target = _open_target(store, path, storage_options)
     dtype = np.dtype(x.dtype)
@@ -95,7 +95,7 @@ def to_zarr(
                         compressors=_codec_objects(codec, level, crc32c), fill_value=fill_value, attributes=None,
                         dimension_names=None, overwrite=overwrite, resume=False)
     if "optimize_function" not in compute_kwargs:
-        from .fusion import optimize_dag
+        from gpuzarr_dist.cubed.fusion import optimize_dag
 
         compute_kwargs["optimize_function"] = optimize_dag
     cubed.to_zarr(x, z, executor=executor, **compute_kwargs)

@@ -7,9 +7,9 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
-from ..runtime.device import resolve_device
-from .backend import CUPY, _same, loaded, use_backend
-from .memory import default_read_block, default_reserved_mem
+from gpuzarr_dist.cuda.device import resolve_device
+from gpuzarr_dist.cubed.backend import CUPY, _same, loaded, use_backend
+from gpuzarr_dist.cubed.memory import default_read_block, default_reserved_mem
 
 
 def choose_device(device: str) -> str:
@@ -119,7 +119,7 @@ def spec(
         raise ValueError(f"reserved_mem ({reserved} bytes) leaves nothing of allowed_mem ({allowed} bytes) for "
                          "array data; raise allowed_mem or lower read_block/reserved_mem")
     if executor is None:
-        from .executor import ThreadsExecutor
+        from gpuzarr_dist.cubed.executor import ThreadsExecutor
 
         executor = ThreadsExecutor(device=dev)
     s = cubed.Spec(

@@ -6,9 +6,9 @@ proxies of each operation (``BlockwiseSpec.reads_map`` / ``writes_map``);
 :func:`wrap_pipeline` swaps each Zarr proxy for one whose array is an
 :class:`IntermediateArray`:
 
-- reads go through gpuzarr-dist's read path (:class:`gpuzarr_dist.reader.BlockReader`:
+- reads go through gpuzarr-dist's read path (:class:`gpuzarr_dist.array.reader.BlockReader`:
   one batched read, one batched decode, nvCOMP on the GPU);
-- writes go through gpuzarr-dist's write path (:class:`gpuzarr_dist.write.BlockWriter`,
+- writes go through gpuzarr-dist's write path (:class:`gpuzarr_dist.array.write.BlockWriter`,
   as ``to_zarr_gpu``): the task's block (cupy on the GPU, numpy on the CPU) is
   cut into its Zarr chunks, all of them are encoded in one batch (nvCOMP on the
   GPU, numcodecs threads on the CPU) and each chunk object is written
@@ -169,8 +169,8 @@ class IntermediateArray:
         self.ndim = len(self.shape)
 
     def _reader(self) -> Any:
-        from ..reader import BlockReader
-        from ..stores.source import open_source
+        from gpuzarr_dist.array.reader import BlockReader
+        from gpuzarr_dist.stores.source import open_source
 
         z = self._zarray
         key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, self.device, self.decode_bytes)
@@ -200,13 +200,13 @@ class IntermediateArray:
             add_io("read", time.perf_counter() - t0, 0 if block is None else block.nbytes)
 
     def _writer(self) -> Any:
-        """The array's :class:`~gpuzarr_dist.write.BlockWriter` (cached per process), or why there is none (a str)."""
+        """The array's :class:`~gpuzarr_dist.array.write.BlockWriter` (cached per process), or why there is none (a str)."""
         z = self._zarray
         key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, repr(z.metadata.codecs))
         w = _writers.get(key)
         if w is None:
-            from ..metadata import spec_from_zarr_metadata
-            from ..write import BlockWriter, _open_target
+            from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
+            from gpuzarr_dist.array.write import BlockWriter, _open_target
 
             try:
                 target = _open_target(z.store, z.path, None)

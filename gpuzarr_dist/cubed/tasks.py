@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .memory import measurer
-from .storage import prepare_process
+from gpuzarr_dist.cubed.memory import measurer
+from gpuzarr_dist.cubed.storage import prepare_process
 
 
 def _transient(e: BaseException) -> bool:
     """Errors worth a retry: I/O that may succeed again. Decode and metadata errors are not."""
-    from ..errors import GpuZarrError
+    from gpuzarr_dist.errors import GpuZarrError
 
     return isinstance(e, (OSError, TimeoutError)) and not isinstance(e, GpuZarrError)
 
@@ -32,7 +32,7 @@ def run_task(item: Any, function: Any, config: Any, device: str, measure: str = 
     prepare_process(device)
     stream = None
     if device == "gpu":
-        from ..runtime.cuda import thread_stream
+        from gpuzarr_dist.cuda.streams import thread_stream
 
         stream = thread_stream()
     attempt = 0

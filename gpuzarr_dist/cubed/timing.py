@@ -110,13 +110,13 @@ class OpTimings(Callback):
 
 
 def _stored() -> int:
-    from .storage import write_stats
+    from gpuzarr_dist.cubed.storage import write_stats
 
     return int(write_stats()["bytes_stored"])
 
 
 def _io() -> dict[str, float]:
-    from .storage import io_totals
+    from gpuzarr_dist.cubed.storage import io_totals
 
     return io_totals()
 

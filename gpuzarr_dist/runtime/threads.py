@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from concurrent.futures import FIRST_EXCEPTION, Executor, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
-from .. import config
+from gpuzarr_dist import config
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ _slots: dict[tuple[int, str, int], "_FifoSemaphore"] = {}
 @contextmanager
 def read_slot(n: int, kind: str = "read") -> Iterator[None]:
     """Hold one of ``n`` process-wide slots of ``kind`` for a block (``n`` 0: no limit), first come first served:
-    ``"read"`` for its reads, ``"plan"`` for preparing them (see :func:`gpuzarr_dist.reader_gpu.read_plan_gpu`).
+    ``"read"`` for its reads, ``"plan"`` for preparing them (see :func:`gpuzarr_dist.cuda.blocks.read_plan_gpu`).
 
     Waiting threads are let in in the order they asked, so blocks land one
     after another in task order instead of all together.

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from .ranges import ByteRange, MergedRead
+from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
 
 
 def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[list[int], int]:
@@ -31,7 +31,7 @@ def check_key(array: str, key: str) -> str:
     parts = key.split("/")
     if (not key or key.startswith("/") or "\\" in key or "\x00" in key
             or any(p in ("", ".", "..") for p in parts)):
-        from ..errors import ChunkReadError
+        from gpuzarr_dist.errors import ChunkReadError
 
         raise ChunkReadError(array, key, "chunk key would point outside the array's folder; refusing to read it")
     return key
@@ -62,7 +62,7 @@ class ChunkStore(ABC):
         generic version reads with :meth:`read_many` and copies; local files
         override it to read straight into the buffer.
         """
-        from .copies import Move, scatter
+        from gpuzarr_dist.stores.copies import Move, scatter
 
         raw = self.read_many(keys)
         sizes = [-1 if b is None else len(b) for b in raw]
@@ -131,7 +131,7 @@ class ChunkStore(ABC):
         generic version copies from :meth:`read_ranges`; local files scatter
         straight into ``buf``.
         """
-        from .copies import Move, scatter
+        from gpuzarr_dist.stores.copies import Move, scatter
 
         got = self.read_ranges([ByteRange(r.key, r.offset, r.length) for r in reads])
         sizes, moves = [], []

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import vectored
+from gpuzarr_dist.stores import vectored
 
 #: bytes per thread of a copy spread over the I/O threads (below twice this, the calling thread copies alone)
 PARALLEL_BYTES = 16 << 20
@@ -57,8 +57,8 @@ def scatter_arrays(buf: Any, sources: Sequence[Any], which: np.ndarray, starts: 
     addresses name). Pieces of no bytes are skipped; ``sources`` not named by
     ``which`` may be ``None``.
     """
-    from ..config import io_threads
-    from ..runtime.threads import io_pool, map_all
+    from gpuzarr_dist.config import io_threads
+    from gpuzarr_dist.runtime.threads import io_pool, map_all
 
     keep = lengths > 0
     if not keep.all():

@@ -11,14 +11,14 @@ from typing import Any
 
 import dask.config
 
-from .base import ChunkStore, check_key, staging_layout
-from .ranges import ByteRange, MergedRead
-from .vectored import ReadTables, available, preadv_table
-from .retry import describe, with_retries
-from ..errors import ChunkReadError
-from ..config import io_threads, local_reads
-from ..stages import stage_timer
-from ..runtime.threads import io_pool, map_all
+from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
+from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
+from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
+from gpuzarr_dist.stores.retry import describe, with_retries
+from gpuzarr_dist.errors import ChunkReadError
+from gpuzarr_dist.config import io_threads, local_reads
+from gpuzarr_dist.runtime.stages import stage_timer
+from gpuzarr_dist.runtime.threads import io_pool, map_all
 
 
 _kvikio_state: list = []

@@ -44,10 +44,10 @@ from urllib.parse import urlparse, urlunparse
 
 import dask.config
 
-from .base import ChunkStore
-from .ranges import ByteRange
-from ..errors import ChunkReadError
-from ..runtime import aio, malloc
+from gpuzarr_dist.stores.base import ChunkStore
+from gpuzarr_dist.stores.ranges import ByteRange
+from gpuzarr_dist.errors import ChunkReadError
+from gpuzarr_dist.runtime import aio, malloc
 
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 

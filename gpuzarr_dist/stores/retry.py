@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .. import config
-from ..errors import ChunkReadError
+from gpuzarr_dist import config
+from gpuzarr_dist.errors import ChunkReadError
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Inner chunks of a sharded array, read as byte ranges of the shard objects of its store.
 
 Chunk keys name a shard and a position in it (``c/0/1[1,0]``, see
-:meth:`gpuzarr_dist.metadata.ArraySpec.chunk_key`). One call (one block):
+:meth:`gpuzarr_dist.core.metadata.ArraySpec.chunk_key`). One call (one block):
 
 1. reads the index of each shard it needs once, as one byte range (a suffix
    range ``bytes=-N`` for an index at the end, the first ``N`` bytes for one at
@@ -37,12 +37,12 @@ from typing import Any
 import dask.config
 import numpy as np
 
-from .base import ChunkStore
-from .ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
-from ..stages import stage_timer as _stage_timer
-from ..codecs.sharding import ShardIndex
-from ..errors import ChunkDecodeError, ChunkReadError
-from ..metadata import ArraySpec, ChunkKeys
+from gpuzarr_dist.stores.base import ChunkStore
+from gpuzarr_dist.stores.ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
+from gpuzarr_dist.runtime.stages import stage_timer as _stage_timer
+from gpuzarr_dist.codecs.sharding import ShardIndex
+from gpuzarr_dist.errors import ChunkDecodeError, ChunkReadError
+from gpuzarr_dist.core.metadata import ArraySpec, ChunkKeys
 
 
 class IndexCache:
@@ -350,7 +350,7 @@ class ShardedChunkStore(ChunkStore):
 
         An index entry past the object's end is named as the range path names it (array, inner chunk, shard).
         """
-        from .copies import scatter_arrays
+        from gpuzarr_dist.stores.copies import scatter_arrays
 
         rows = np.flatnonzero(mask & (sizes >= 0))
         sources = [whole[s][1] if s in whole else None for s in shards]

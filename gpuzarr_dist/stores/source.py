@@ -18,15 +18,15 @@ from urllib.parse import urlparse
 import zarr
 from zarr.abc.store import Store
 
-from .base import ChunkStore
-from .local import LocalChunkStore
-from .remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
-from .sharded import ShardedChunkStore
-from .zarrstore import ZarrChunkStore
-from ..codecs.registry import known_codecs
-from ..errors import MetadataError, UnsupportedCodecError
-from ..metadata import ArraySpec, spec_from_zarr_metadata
-from ..redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
+from gpuzarr_dist.stores.base import ChunkStore
+from gpuzarr_dist.stores.local import LocalChunkStore
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
+from gpuzarr_dist.stores.sharded import ShardedChunkStore
+from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
+from gpuzarr_dist.codecs.registry import known_codecs
+from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
+from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
+from gpuzarr_dist.core.redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 
@@ -59,7 +59,7 @@ def _field_hint(where: str) -> str:
     """``"<document>: field 'x' ...; "`` for the first malformed field of a local metadata file (and its .zattrs)."""
     import json
 
-    from ..metadata import bad_metadata_field
+    from gpuzarr_dist.core.metadata import bad_metadata_field
 
     base = os.path.basename(where)
     if base not in _METADATA_FILES or not os.path.isfile(where):

@@ -157,14 +157,14 @@ class ReadTables:
     buffer of ``nbytes`` before that buffer exists; :meth:`bind` gives them its address.
 
     A GPU block plans its reads before its read turn (see
-    :func:`gpuzarr_dist.reader_gpu.read_plan_gpu`): building 31 tables of
+    :func:`gpuzarr_dist.cuda.blocks.read_plan_gpu`): building 31 tables of
     a 124-step block one by one inside the turn was numpy and Python under
     the GIL, beside the other blocks' work, while every other block waited
     for the turn. Inside the turn only :meth:`bind` is left: one addition.
     """
 
     def __init__(self, reads: Sequence[Any], nbytes: int):
-        from .ranges import piece_arrays
+        from gpuzarr_dist.stores.ranges import piece_arrays
 
         arrays = [piece_arrays(r) for r in reads]
         counts = np.array([len(a[0]) for a in arrays], dtype=np.int64)

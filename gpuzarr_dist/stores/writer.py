@@ -34,9 +34,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import wait
 from typing import Any
 
-from ..errors import ChunkReadError, ChunkWriteError
-from ..runtime.aio import gather_all
-from ..runtime.threads import io_pool, map_all
+from gpuzarr_dist.errors import ChunkReadError, ChunkWriteError
+from gpuzarr_dist.runtime.aio import gather_all
+from gpuzarr_dist.runtime.threads import io_pool, map_all
 
 #: a lone object larger than this is written by several I/O threads (pieces of about WRITE_PIECE_BYTES)
 SPLIT_WRITE_BYTES = 32 * 2**20
@@ -164,7 +164,7 @@ class LocalObjectWriter(ObjectWriter):
                 folders.add(folder)
                 todo.append(folder)
         if todo:
-            from ..runtime.threads import folder_pool
+            from gpuzarr_dist.runtime.threads import folder_pool
 
             pool = folder_pool()
             for folder in todo:  # in the order asked (the blocks' order); makedirs makes the parents

@@ -26,13 +26,13 @@ from typing import Any, NamedTuple
 import cupy
 import numpy as np
 
-from . import host_checks
-from .pipeline import CodecPipeline
-from ..config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks, nvcomp_api
-from ..errors import ChunkDecodeError
-from ..runtime.cuda import on_stream, pinned_empty, settle, upload
-from ..runtime.memory import is_out_of_memory
-from ..stages import enabled as _stages_enabled, stage_timer
+from gpuzarr_dist.codecs import host_checks
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.config import deflate_check, gpu_decode_combine, gpu_min_batch_bytes, gpu_min_batch_chunks, nvcomp_api
+from gpuzarr_dist.errors import ChunkDecodeError
+from gpuzarr_dist.cuda.streams import on_stream, pinned_empty, settle, upload
+from gpuzarr_dist.cuda.memory import is_out_of_memory
+from gpuzarr_dist.runtime.stages import enabled as _stages_enabled, stage_timer
 
 #: codec name -> (nvCOMP algorithm, bytes to strip before the payload, bytes to strip after it)
 NVCOMP_FRAMING: dict[str, tuple[str, int, int]] = {
@@ -67,7 +67,7 @@ def gpu_unsupported(pipeline: CodecPipeline) -> str | None:
     if len(inner) > 1:
         return f"{inner[0].name} (more than one compressor)"
     if inner and inner[0].name == "blosc":
-        from .blosc_frames import GPU_CNAMES
+        from gpuzarr_dist.codecs.blosc_frames import GPU_CNAMES
 
         cname = inner[0].config.get("cname", "lz4")
         if cname not in GPU_CNAMES:  # blosclz, snappy: no GPU decoder
@@ -95,7 +95,7 @@ def _strip_outer_crc(bytes_bytes: Sequence[Any]) -> list[Any]:
 
 def _nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> Any:
     """This thread's nvCOMP codec for ``algorithm`` on ``stream`` (see :func:`..runtime.cuda.thread_nvcomp_codec`)."""
-    from ..runtime.cuda import thread_nvcomp_codec
+    from gpuzarr_dist.cuda.streams import thread_nvcomp_codec
 
     return thread_nvcomp_codec(algorithm, stream)
 
@@ -213,7 +213,7 @@ def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: np.ndarray, in_siz
     112-chunk batches from pinned memory ran at 27 GB/s, their parts alone at
     55-74).
     """
-    from . import nvcomp_c
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 
     n = len(in_offs)
     in_ptrs, out_ptrs = _frame_ptrs(dev, in_offs, out, stride, n)
@@ -237,10 +237,10 @@ def _zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int
     :data:`.kernels.ZSTD_FRAMES_SRC`): same verdicts, a frame's blocks
     walked side by side instead of in turn.
     """
-    from . import kernels
-    from .kernels import (ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_LIT_SLOTS, ZSTD_SLOT_BYTES,
+    from gpuzarr_dist.cuda import kernels
+    from gpuzarr_dist.cuda.kernels import (ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_LIT_SLOTS, ZSTD_SLOT_BYTES,
                           zstd_block_slots)
-    from ..runtime.cuda import thread_side_stream
+    from gpuzarr_dist.cuda.streams import thread_side_stream
 
     if mode == 0:
         _kernel("zstd_frames", ZSTD_FRAMES_SRC)(*walk_launch(n), (dev, offs, lens, np.int32(n), fcs, length, deep,
@@ -298,8 +298,8 @@ def _zstd_frames(array: str, dev: cupy.ndarray, offsets: Sequence[int], sizes: S
     ``dev_table``: ``offsets`` and ``sizes`` already queued for the device (see
     :func:`_small_tables`).
     """
-    from ..config import zstd_check
-    from .kernels import ZSTD_CHECK_MODES, ZSTD_DEEP_REASONS
+    from gpuzarr_dist.config import zstd_check
+    from gpuzarr_dist.cuda.kernels import ZSTD_CHECK_MODES, ZSTD_DEEP_REASONS
 
     mode = ZSTD_CHECK_MODES[zstd_check()]
     n = len(offsets)
@@ -401,7 +401,7 @@ def _crc32_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     segments' CRCs (:data:`.kernels.CRC32_SRC`). The stored CRC-32 is the
     first half (little-endian) of each member's 8-byte trailer, in the host buffer.
     """
-    from .kernels import CRC32_SEGMENT, CRC32_SRC
+    from gpuzarr_dist.cuda.kernels import CRC32_SEGMENT, CRC32_SRC
 
     n = len(offsets)
     seg = CRC32_SEGMENT
@@ -425,7 +425,7 @@ def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
     are hashed (XXH64 on the device, one thread per chunk; see
     :data:`.kernels.XXH64_SRC`); the stored value is the frame's last 4 bytes.
     """
-    from .kernels import XXH64_SRC
+    from gpuzarr_dist.cuda.kernels import XXH64_SRC
 
     wanted = (host[np.asarray(offsets, dtype=np.int64) + 4] & 4).astype(np.uint8)  # the frame's checksum flag
     if not wanted.any():
@@ -441,7 +441,7 @@ def _xxh64_mismatches(out: cupy.ndarray, stride: int, nbytes: int, host: np.ndar
 def _verify_crc32c(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: list[int],
                    keys: Sequence[str]) -> None:
     """Check and strip the outer crc32c checksums on the host, in place of ``sizes``."""
-    from .compressors import Crc32c
+    from gpuzarr_dist.codecs.compressors import Crc32c
 
     n_crc = len(pipeline.bytes_bytes) - len(_strip_outer_crc(pipeline.bytes_bytes))
     if not n_crc:  # the usual chain: no per-chunk loop at all
@@ -487,7 +487,7 @@ def decode_batch_gpu(
 
 def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
                   keys: Sequence[str], stream: cupy.cuda.Stream) -> cupy.ndarray:
-    from ..runtime.cuda import align
+    from gpuzarr_dist.cuda.streams import align
 
     timed = stage_timer()  # sub-stages of the reader's "H2D + decode" (opt-in, see ..stages)
     n = len(keys)
@@ -503,7 +503,7 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
     expected = layout.nbytes
     stride = align(max(expected, 1))
     if _is_blosc(pipeline):  # frames taken apart on the host, streams decoded in one call per codec
-        from .gpu_blosc import decode_blosc_batch
+        from gpuzarr_dist.cuda.blosc import decode_blosc_batch
 
         blosc_out = decode_blosc_batch(pipeline, host, offsets, sizes, stored_sizes, keys, expected, stride, stream)
         timed("decode: blosc")
@@ -544,8 +544,8 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
                 _judge_on_cpu(pipeline, host, offsets, stored_sizes, keys, suspects)
                 return _decode_on_cpu(pipeline, host, offsets, stored_sizes, keys, stream)
         if codec.name in ("gzip", "zlib") and deflate_check() == "walk":  # nvCOMP's Deflate hangs on some damage
-            from .deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
-            from .gpu_deflate import deflate_suspects, warn_cpu_fallback
+            from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
+            from gpuzarr_dist.cuda.deflate import deflate_suspects, warn_cpu_fallback
 
             suspects = deflate_suspects(dev, offsets, sizes, expected,
                                         DEFLATE_GZIP if codec.name == "gzip" else DEFLATE_ZLIB, stream)
@@ -580,7 +580,7 @@ def _decode_batch(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[i
             bad = [(i, "zstd content checksum does not match the decoded data")
                    for i in _xxh64_mismatches(out, stride, expected, host, in_offs, in_sizes)]
         if not bad and codec.name == "zlib":
-            from .gpu_deflate import adler32_mismatches
+            from gpuzarr_dist.cuda.deflate import adler32_mismatches
 
             bad = [(i, "zlib adler32 checksum does not match the decoded data")
                    for i in adler32_mismatches(out, [i * stride for i in range(n)], [expected] * n, host,
@@ -627,7 +627,7 @@ def _nvcomp_decode(algorithm: str, stream: cupy.cuda.Stream, dev: cupy.ndarray, 
     """
     frames = _Frames(algorithm, None, dev, in_offs, in_sizes, out, stride, n, tables)
     if gpu_decode_combine():
-        from .combine import Request, combiner
+        from gpuzarr_dist.cuda.combine import Request, combiner
 
         ready = cupy.cuda.Event(block=False, disable_timing=True)
         ready.record(stream)  # the upload and the frame checks queued before it
@@ -690,7 +690,7 @@ def _decode_ptrs(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int
     through its Python ``Codec.decode`` on the ``(inputs, outputs)`` that
     ``arrays()`` makes. ``tables``: the C call's tables already on the device.
     """
-    from . import nvcomp_c
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 
     if nvcomp_api() == "c" and nvcomp_c.available() and nvcomp_c.aligned(algorithm, in_ptrs, out_ptrs):
         return nvcomp_c.decode(algorithm, stream, in_ptrs, in_sizes, out_ptrs, out_sizes, tables)
@@ -707,7 +707,7 @@ def _execute_joined(batch: list[Any]) -> None:
     and checks ran on their own streams), and is idle again before any
     request is handed back: the other threads then own their buffers again.
     """
-    from ..runtime.cuda import thread_stream
+    from gpuzarr_dist.cuda.streams import thread_stream
 
     stream = thread_stream()
     try:
@@ -731,7 +731,7 @@ def _execute_joined(batch: list[Any]) -> None:
 def _decode_on_cpu(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],
                    keys: Sequence[str], stream: cupy.cuda.Stream) -> cupy.ndarray:
     """Decode a batch on the CPU (thread pool) and copy it up once: for frames nvCOMP cannot size safely."""
-    from ..runtime.threads import decode_pool
+    from gpuzarr_dist.runtime.threads import decode_pool
 
     layout0 = pipeline.layouts[0]
     chunks = pinned_empty((len(keys), *layout0.shape), layout0.dtype)  # the copy up runs at DMA speed

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .metadata import ArraySpec
+from gpuzarr_dist.core.metadata import ArraySpec
 
 
 class ChunkPart(NamedTuple):

@@ -7,7 +7,7 @@ dask-backed numeric data variables are then written by us: each is CF-encoded
 lazily by xarray's own encoder with the parameters in its ``encoding``
 (``scale_factor``/``add_offset`` packing, ``_FillValue`` masking, dtype), so
 the encoding fuses into the write task and runs on the device for cupy
-blocks, and :func:`gpuzarr_dist.write.write_array_graph` encodes and stores
+blocks, and :func:`gpuzarr_dist.array.write.write_array_graph` encodes and stores
 each block in one batch. ``xr.open_zarr`` then reads back what it would have
 read from ``ds.to_zarr``.
 """
@@ -22,8 +22,8 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from .errors import ArrayExistsError
-from .write import _codec_objects, _join, _open_target, plan_layout, write_array_graph
+from gpuzarr_dist.errors import ArrayExistsError
+from gpuzarr_dist.array.write import _codec_objects, _join, _open_target, plan_layout, write_array_graph
 
 
 #: encoding entries about the source's storage, not the variable's CF encoding

@@ -211,7 +211,7 @@ def encode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     """
     import cupy
 
-    from ..runtime.cuda import on_stream, pinned_staging
+    from gpuzarr_dist.cuda.streams import on_stream, pinned_staging
 
     a = encode_api(algorithm)
     n = len(in_ptrs)
@@ -324,7 +324,7 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     """
     import cupy
 
-    from ..runtime.cuda import on_stream, pinned_staging
+    from gpuzarr_dist.cuda.streams import on_stream, pinned_staging
 
     a = api(algorithm)
     n = len(in_ptrs)

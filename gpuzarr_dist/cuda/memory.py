@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from ..errors import GpuOutOfMemoryError
+from gpuzarr_dist.errors import GpuOutOfMemoryError
 
 _OOM_TEXT = ("out of memory", "cudaerrormemoryallocation", "cuda_error_out_of_memory", "failed to allocate")
 
@@ -47,7 +47,7 @@ def out_of_memory_error(array: str, shape: tuple[int, ...], dtype: np.dtype, n_c
     """The error to raise for an out-of-memory ``error`` while reading a block of ``shape``."""
     from dask.utils import format_bytes
 
-    from .. import config
+    from gpuzarr_dist import config
 
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     setting = format_bytes(config.block_size_bytes("gpu"))

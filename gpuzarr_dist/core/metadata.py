@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MetadataError
+from gpuzarr_dist.errors import MetadataError
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """The GPU device's block read: stored bytes -> pinned staging -> one copy up -> one batched decode -> block.
 
-Called by :class:`gpuzarr_dist.reader.BlockReader` for ``device="gpu"``. Work
+Called by :class:`gpuzarr_dist.array.reader.BlockReader` for ``device="gpu"``. Work
 runs on the calling thread's own CUDA stream, which is synchronised before the
 block is returned (so the pinned staging buffer can be reused and the block
 is complete for whichever thread uses it next). A chain the GPU cannot decode
-(see :func:`gpuzarr_dist.codecs.gpu.gpu_unsupported`) is decoded on the CPU
+(see :func:`gpuzarr_dist.cuda.decode.gpu_unsupported`) is decoded on the CPU
 into pinned memory and copied up once per block, with one warning per codec.
 At most ``gpuzarr.gpu.read-slots`` blocks of the process read local files at
 once (one by default), so that blocks land one after another and each decodes
@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING
 import cupy
 import numpy as np
 
-from .assemble import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
-from .stages import stage_timer
-from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
-from .config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
-from .runtime.cuda import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
-from .runtime.threads import read_slot
-from .runtime.once import warn_once
+from gpuzarr_dist.core.selection import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
+from gpuzarr_dist.runtime.stages import stage_timer
+from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
+from gpuzarr_dist.config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
+from gpuzarr_dist.cuda.streams import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
+from gpuzarr_dist.runtime.threads import read_slot
+from gpuzarr_dist.runtime.once import warn_once
 
 if TYPE_CHECKING:
-    from .reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
 
 _warned: set[str] = set()
 
@@ -205,7 +205,7 @@ def place_tiles(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int,
                 start: tuple[int, ...]) -> None:
     """Queue :data:`_PLACE_SRC`'s kernel: ``out`` (C-contiguous) from ``chunks``, a C-ordered ``grid`` of tiles of
     ``chunk_shape`` (each at a multiple of ``chunks.strides[0]``), the block starting ``start`` into its first tile."""
-    from .codecs.gpu import _kernel
+    from gpuzarr_dist.cuda.decode import _kernel
 
     if not out.size:
         return

@@ -8,7 +8,7 @@ call), and place them into the block. Dask's slice fusion composes a user's
 the selection needs are read.
 
 The reader holds only picklable, GPU-free state (a chunk store and an
-:class:`~gpuzarr_dist.metadata.ArraySpec`); the codec pipeline and any device
+:class:`~gpuzarr_dist.core.metadata.ArraySpec`); the codec pipeline and any device
 resources are created lazily in the process that runs the task.
 """
 
@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from .assemble import Plan, finish, plan_selection, split_fancy
-from .codecs.pipeline import CodecPipeline
-from .errors import GpuOutOfMemoryError
-from .metadata import ArraySpec
-from .runtime.threads import decode_pool
-from .stores.base import ChunkStore
+from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.errors import GpuOutOfMemoryError
+from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.runtime.threads import decode_pool
+from gpuzarr_dist.stores.base import ChunkStore
 
 
 class BlockReader:
@@ -72,7 +72,7 @@ class BlockReader:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         # in a worker process: the store libraries' log records are redacted there too
-        from .redact import install_log_filter
+        from gpuzarr_dist.core.redact import install_log_filter
 
         install_log_filter()
 
@@ -89,9 +89,9 @@ class BlockReader:
         box, rest = split_fancy(index, self.spec.shape)
         plan = plan_selection(self.spec, box)
         if self.device == "gpu":
-            from .reader_gpu import read_plan_gpu
+            from gpuzarr_dist.cuda.blocks import read_plan_gpu
 
-            from .runtime.memory import is_out_of_memory, out_of_memory_error, release_cached_device_memory
+            from gpuzarr_dist.cuda.memory import is_out_of_memory, out_of_memory_error, release_cached_device_memory
 
             try:
                 try:

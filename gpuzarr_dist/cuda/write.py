@@ -1,15 +1,15 @@
 """The GPU device's block write: block on the device -> chunk grid (one copy kernel) -> nvCOMP encodes.
 
-Called by :class:`gpuzarr_dist.write.BlockWriter` for cupy blocks. Work runs
+Called by :class:`gpuzarr_dist.array.write.BlockWriter` for cupy blocks. Work runs
 on the calling thread's own CUDA stream (the one the fused compute ran on when
 the block came from :func:`~gpuzarr_dist.from_zarr_gpu`); the stream is
 synchronised before the host touches the results. A chain the GPU encoder
-cannot run (see :func:`gpuzarr_dist.codecs.gpu_encode.gpu_encode_unsupported`)
+cannot run (see :func:`gpuzarr_dist.cuda.encode.gpu_encode_unsupported`)
 is encoded on the CPU after one copy of the block to the host, with one
 warning per codec; so is a block smaller than ``gpuzarr.gpu.min-batch``
 (nvCOMP's per-call cost outweighs its speed there), without a warning.
 :class:`GpuBlockEncoder` launches each sub-batch's encode without waiting, so
-:meth:`~gpuzarr_dist.write.BlockWriter.run_batches` writes the previous
+:meth:`~gpuzarr_dist.array.write.BlockWriter.run_batches` writes the previous
 sub-batch from pinned memory while the GPU encodes.
 """
 
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import cupy
 
-from .codecs.gpu_encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
-from .config import gpu_min_batch_bytes
-from .errors import ChunkEncodeError
-from .runtime.cuda import thread_stream
-from .runtime.once import warn_once
-from .write import BlockEncoder
+from gpuzarr_dist.cuda.encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
+from gpuzarr_dist.config import gpu_min_batch_bytes
+from gpuzarr_dist.errors import ChunkEncodeError
+from gpuzarr_dist.cuda.streams import thread_stream
+from gpuzarr_dist.runtime.once import warn_once
+from gpuzarr_dist.array.write import BlockEncoder
 
 if TYPE_CHECKING:
-    from .write import BlockWriter
+    from gpuzarr_dist.array.write import BlockWriter
 
 _warned: set[str] = set()
 
@@ -68,7 +68,7 @@ class GpuBlockEncoder(BlockEncoder):
         return self._on_cpu(sel, keys, err)
 
     def _on_cpu(self, sel: Any, keys: list[str], err: ChunkEncodeError) -> list[Any]:
-        from .runtime.threads import decode_pool
+        from gpuzarr_dist.runtime.threads import decode_pool
 
         _warn_cpu_fallback(f"{err.codec} ({err.reason})", self.writer.spec.name)
         self.stream.synchronize()
@@ -83,7 +83,7 @@ class GpuBlockEncoder(BlockEncoder):
 def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
     """The encoder for ``block`` (cupy, or numpy with device="gpu"): its chunks cut on the device (one copy
     kernel) for nvCOMP, or, for a chain the GPU encoder cannot run, copied to the host for the CPU encoders."""
-    from .write import CpuBlockEncoder, chunk_grid
+    from gpuzarr_dist.array.write import CpuBlockEncoder, chunk_grid
 
     spec = writer.spec
     current = cupy.cuda.get_current_stream()

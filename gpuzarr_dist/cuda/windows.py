@@ -1,8 +1,8 @@
-"""The GPU half of :mod:`gpuzarr_dist.windows`: chunk keys -> pinned staging -> one copy -> one nvCOMP call,
+"""The GPU half of :mod:`gpuzarr_dist.array.windows`: chunk keys -> pinned staging -> one copy -> one nvCOMP call,
 then one kernel that cuts the windows out of the decoded chunks.
 
 Only imported on the GPU path (imports cupy). The same steps as
-:func:`gpuzarr_dist.reader_gpu.read_plan_gpu`, for an arbitrary set of chunk
+:func:`gpuzarr_dist.cuda.blocks.read_plan_gpu`, for an arbitrary set of chunk
 keys instead of a block's plan; the stream is synchronised before returning so
 the pinned staging buffer can be reused and the chunks are complete.
 """
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import cupy
 import numpy as np
 
-from .codecs.gpu import decode_batch_gpu, framing_lead, gpu_unsupported
-from .runtime.cuda import ALIGN, pinned_staging, thread_stream, upload
-from .runtime.threads import decode_pool
+from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
+from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream, upload
+from gpuzarr_dist.runtime.threads import decode_pool
 
 if TYPE_CHECKING:
-    from .reader import BlockReader
+    from gpuzarr_dist.array.reader import BlockReader
 
 
 def decode_keys_gpu(reader: "BlockReader", keys: list[str]) -> tuple[Any, list[int]]:
@@ -88,7 +88,7 @@ _cut_kernel: list[Any] = []
 
 def cut_windows_gpu(chunks: cupy.ndarray, idx: np.ndarray, offsets: np.ndarray, window: tuple[int, ...],
                     fill: Any) -> cupy.ndarray:
-    """:func:`gpuzarr_dist.windows._cut_windows` on the device: one kernel, on the current stream.
+    """:func:`gpuzarr_dist.array.windows._cut_windows` on the device: one kernel, on the current stream.
 
     Each element of the ``(n, *window)`` result is read once from the decoded
     chunks: no index arrays the size of the result (CuPy's advanced indexing

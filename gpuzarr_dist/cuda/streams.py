@@ -22,9 +22,9 @@ from contextlib import contextmanager
 import cupy
 import numpy as np
 
-from ..config import SYNC_WAITS, gpu_sync_wait
-from ..errors import GpuZarrError
-from .pinned import PinnedPool
+from gpuzarr_dist.config import SYNC_WAITS, gpu_sync_wait
+from gpuzarr_dist.errors import GpuZarrError
+from gpuzarr_dist.cuda.pinned import PinnedPool
 
 _local = threading.local()
 _keep: list = []  # streams live as long as the process: never destroyed under pending work

@@ -32,17 +32,17 @@ from collections.abc import Sequence
 import cupy
 import numpy as np
 
-from . import blosc_frames as bf
-from .blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
-from .deflate_walk import DEFLATE_ZLIB
-from .gpu import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _zstd_frames, decode_spans
-from .gpu_deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
-from .pipeline import CodecPipeline
-from ..config import deflate_check
-from ..errors import ChunkDecodeError
-from ..runtime.cuda import on_stream, upload
-from ..runtime.once import warn_once
-from ..stages import enabled as _stages_enabled, stage_timer
+from gpuzarr_dist.codecs import blosc_frames as bf
+from gpuzarr_dist.cuda.blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
+from gpuzarr_dist.cuda.deflate_walk import DEFLATE_ZLIB
+from gpuzarr_dist.cuda.decode import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _zstd_frames, decode_spans
+from gpuzarr_dist.cuda.deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.config import deflate_check
+from gpuzarr_dist.errors import ChunkDecodeError
+from gpuzarr_dist.cuda.streams import on_stream, upload
+from gpuzarr_dist.runtime.once import warn_once
+from gpuzarr_dist.runtime.stages import enabled as _stages_enabled, stage_timer
 
 #: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
 MAX_STREAM = 1 << 24

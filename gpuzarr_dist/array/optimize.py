@@ -1,7 +1,7 @@
 """Stream hygiene for GPU graphs: every task synchronises its thread's CUDA stream before returning.
 
 On the GPU each worker thread reads, decodes and runs the user's kernels on its
-own CUDA stream (:mod:`gpuzarr_dist.runtime.cuda`). A task's result may be
+own CUDA stream (:mod:`gpuzarr_dist.cuda.streams`). A task's result may be
 consumed by a task on another thread, i.e. on another stream, so each task must
 finish its stream's work before it hands the result on. Dask gives no per-task
 hook on the worker thread, so the array optimisation step does it: after
@@ -27,7 +27,7 @@ GPU_LAYER_PREFIX = "from-zarr-gpu-cuda-"
 
 
 def _then_sync(value: Any) -> Any:
-    cuda = sys.modules.get("gpuzarr_dist.runtime.cuda")
+    cuda = sys.modules.get("gpuzarr_dist.cuda.streams")
     if cuda is not None:
         cuda.sync_thread_stream()
     return value

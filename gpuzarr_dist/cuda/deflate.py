@@ -24,11 +24,11 @@ from collections.abc import Sequence
 import cupy
 import numpy as np
 
-from . import host_checks
-from .deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
-from .gpu import _kernel
-from ..runtime.cuda import on_stream, upload
-from ..runtime.once import warn_once
+from gpuzarr_dist.codecs import host_checks
+from gpuzarr_dist.cuda.deflate_walk import ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_WALK_SRC, walk_reason
+from gpuzarr_dist.cuda.decode import _kernel
+from gpuzarr_dist.cuda.streams import on_stream, upload
+from gpuzarr_dist.runtime.once import warn_once
 
 _warned: set[str] = set()
 _sm_count: dict[int, int] = {}
@@ -53,7 +53,7 @@ def walk_threads(n: int, threads: int | None = None) -> int:
     branches, so threads of one warp mostly wait for each other.
     """
     if threads is None:
-        from ..config import deflate_walk_threads
+        from gpuzarr_dist.config import deflate_walk_threads
 
         threads = deflate_walk_threads()
     if threads:

@@ -44,11 +44,11 @@ from typing import Any, NamedTuple
 import cupy
 import numpy as np
 
-from .compressors import crc32c_value
-from .pipeline import CodecPipeline
-from ..config import nvcomp_api
-from ..errors import ChunkEncodeError
-from ..runtime.cuda import on_stream, thread_nvcomp_codec, upload
+from gpuzarr_dist.codecs.compressors import crc32c_value
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.config import nvcomp_api
+from gpuzarr_dist.errors import ChunkEncodeError
+from gpuzarr_dist.cuda.streams import on_stream, thread_nvcomp_codec, upload
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
@@ -115,8 +115,8 @@ def _forget_max(algorithm: str, nbytes: int) -> None:
 
 def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream) -> tuple[cupy.ndarray, list[int]]:
     """Pack device buffers (``src_ptrs``, ``sizes``) into one device buffer at 256-byte aligned offsets: one kernel."""
-    from ..runtime.cuda import align
-    from .gpu import _kernel
+    from gpuzarr_dist.cuda.streams import align
+    from gpuzarr_dist.cuda.decode import _kernel
 
     offsets, total = [], 0
     for s in sizes:
@@ -241,7 +241,7 @@ def _encode_joined(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int],
     decodes): the thread leading makes the call for all of them. A joined call
     that fails is made again for each thread's chunks alone.
     """
-    from .combine import Request, combiner
+    from gpuzarr_dist.cuda.combine import Request, combiner
 
     ready = cupy.cuda.Event(block=False, disable_timing=True)
     ready.record(stream)  # the chunk bytes (and padding) queued before it
@@ -257,9 +257,9 @@ def _encode_joined(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int],
 
 def _execute_encodes(batch: list[Any]) -> None:
     """One encode for every request of ``batch`` on this thread's stream, in the process's scratch (see above)."""
-    from . import nvcomp_c
-    from ..config import encode_scratch_bytes
-    from ..runtime.cuda import settle, thread_stream
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
+    from gpuzarr_dist.config import encode_scratch_bytes
+    from gpuzarr_dist.cuda.streams import settle, thread_stream
 
     stream = thread_stream()
     parts: list[_EncodeChunks] = [r.payload for r in batch]
@@ -313,7 +313,7 @@ def launch_encode_gpu(
     returns, joined with other threads' (:func:`_encode_joined`); only the
     packing and the copy back are left to :func:`finish_encode_gpu`.
     """
-    from ..runtime.cuda import align, pinned_staging
+    from gpuzarr_dist.cuda.streams import align, pinned_staging
 
     p = PendingEncode(pipeline, keys, stream, clock or _Clock(None, stream))
     n = p.n = chunks.shape[0]
@@ -330,7 +330,7 @@ def launch_encode_gpu(
         return p
     from nvidia import nvcomp
 
-    from . import nvcomp_c
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 
     algorithm = p.algorithm = NVCOMP_ENCODERS[compressor]
     stride = align(max(nbytes, 1))
@@ -380,8 +380,8 @@ def launch_encode_gpu(
 
 def finish_encode_gpu(p: PendingEncode) -> list[Any]:
     """Wait for a launched encode and return each chunk's stored bytes (see :func:`encode_batch_gpu`)."""
-    from ..runtime.cuda import align, pinned_staging
-    from ..runtime.threads import decode_pool
+    from gpuzarr_dist.cuda.streams import align, pinned_staging
+    from gpuzarr_dist.runtime.threads import decode_pool
 
     stream, clock, n, nbytes, compressor = p.stream, p.clock, p.n, p.nbytes, p.compressor
     if compressor is None:

@@ -1,0 +1,1 @@
+"""Dask arrays: the read graph, the block reader, windows, the array writer."""

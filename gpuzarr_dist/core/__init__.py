@@ -1,0 +1,1 @@
+"""The device-free model: array metadata and selection plans."""

@@ -1,0 +1,1 @@
+"""Clusters: ``start_cluster``, batch-system jobs and worker set-up."""

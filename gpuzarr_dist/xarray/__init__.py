@@ -1,0 +1,1 @@
+"""xarray integration: the backend entrypoint and the Dataset writer."""

@@ -16,6 +16,7 @@ import numpy as np
 
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
 from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream, upload
+from gpuzarr_dist.cuda.sources import source
 from gpuzarr_dist.runtime.threads import decode_pool
 
 if TYPE_CHECKING:
@@ -67,21 +68,7 @@ def join_parts(parts: list[tuple[Any, list[int]]], firsts: list[int]) -> tuple[A
 
 #: one thread per element of the windows: which window, where in it, so which chunk of the window's grid and
 #: where in that chunk (C order); the fill value where the grid names no decoded chunk (``k == m``)
-_CUT_SOURCE = r"""
-long long w = i / wsize, rem = i % wsize;
-long long g = 0, c = 0, gmul = 1, cmul = 1;
-for (int a = nd - 1; a >= 0; --a) {
-    const long long wa = dims[a], ca = dims[nd + a], ga = dims[2 * nd + a];
-    const long long o = offsets[w * nd + a] + rem % wa;
-    rem /= wa;
-    g += (o / ca) * gmul;
-    gmul *= ga;
-    c += (o % ca) * cmul;
-    cmul *= ca;
-}
-const long long k = idx[w * gsize + g];
-out = k < m ? chunks[k * csize + c] : fill;
-"""
+_CUT_SOURCE = source("cut_windows.cu")
 
 _cut_kernel: list[Any] = []
 

@@ -138,9 +138,9 @@ def zstd_array(tmp_path):
 def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
     from gpuzarr_dist.cuda import combine
 
-    from gpuzarr_dist.cuda import decode as gpu
+    from gpuzarr_dist.cuda import nvcomp_calls as gpu
     expected = reference(zstd_array)
-    slow_calls(monkeypatch, gpu, "_execute_joined")  # the other threads' blocks queue behind a call and join the next
+    slow_calls(monkeypatch, gpu, "execute_joined")  # the other threads' blocks queue behind a call and join the next
     monkeypatch.setattr(combine, "_combiners", {})
     with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
                           "gpuzarr.gpu.nvcomp-api": api}):
@@ -161,9 +161,9 @@ def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, 
     per block, not a wrong value or an error for the blocks around a bad one."""
     from gpuzarr_dist.cuda import combine
 
-    from gpuzarr_dist.cuda import decode as gpu
+    from gpuzarr_dist.cuda import nvcomp_calls as gpu
     expected = reference(zstd_array)
-    real_decode, joined = gpu._decode_frames, []
+    real_decode, joined = gpu.decode_frames, []
 
     def fails_when_joined(stream, parts):
         frames = sum(p.n for p in parts)
@@ -172,8 +172,8 @@ def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, 
             raise RuntimeError("stand-in nvCOMP failure on a joined call")
         return real_decode(stream, parts)
 
-    monkeypatch.setattr(gpu, "_decode_frames", fails_when_joined)
-    slow_calls(monkeypatch, gpu, "_execute_joined")
+    monkeypatch.setattr(gpu, "decode_frames", fails_when_joined)
+    slow_calls(monkeypatch, gpu, "execute_joined")
     monkeypatch.setattr(combine, "_combiners", {})
     with dask.config.set({"gpuzarr.gpu.decode-combine": True, "gpuzarr.gpu.min-batch": 0,
                           "gpuzarr.gpu.nvcomp-api": api}):

@@ -99,7 +99,7 @@ def _zlib_v2(tmp_path, level=1):
 
 def test_truncated_and_overwritten_deflate_is_named_and_never_reaches_nvcomp(tmp_path, monkeypatch):
     """The damage that hung nvCOMP's Deflate in the fuzz run (truncations, overwritten runs) is named by the walk."""
-    from gpuzarr_dist.cuda import decode as gpu
+    from gpuzarr_dist.cuda import nvcomp_calls as gpu
 
     path, expected = _zlib_v2(tmp_path)
     rng = np.random.default_rng(14)
@@ -109,8 +109,8 @@ def test_truncated_and_overwritten_deflate_is_named_and_never_reaches_nvcomp(tmp
     for i, b in damage.items():
         pathlib.Path(path, f"{i}.0.0").write_bytes(b)
     calls = []
-    real = gpu._decode_ptrs  # every nvCOMP decode call, through either interface
-    monkeypatch.setattr(gpu, "_decode_ptrs", lambda *a: calls.append(a) or real(*a))
+    real = gpu.decode_ptrs  # every nvCOMP decode call, through either interface
+    monkeypatch.setattr(gpu, "decode_ptrs", lambda *a: calls.append(a) or real(*a))
     with pytest.raises(gz.ChunkDecodeError) as info:
         gz.from_zarr_gpu(path, device="gpu", chunks=SHAPE).compute()
     assert info.value.key in {f"{i}.0.0" for i in damage}

@@ -77,6 +77,11 @@ class FakeDev:
         return self.a.copy()
 
 
+#: the modules of ``gpuzarr_dist.cuda`` that the decode path imports and that import cupy, and the registry
+_CUPY_MODULES = ("decode", "streams", "launch", "fallback", "nvcomp_calls", "steps", "codecs", "zstd", "lz4",
+                 "deflate", "blosc")
+
+
 @pytest.fixture
 def gpu(monkeypatch):
     """``gpuzarr_dist.cuda.decode`` imported against stand-ins; ``(module, log, stream)``."""
@@ -91,12 +96,16 @@ def gpu(monkeypatch):
     nvidia = types.ModuleType("nvidia")
     nvidia.nvcomp = types.SimpleNamespace()
     monkeypatch.setitem(sys.modules, "nvidia", nvidia)
-    for name in ("gpuzarr_dist.cuda.decode", "gpuzarr_dist.cuda.streams"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
+    import gpuzarr_dist.cuda as package
+
+    for name in _CUPY_MODULES:  # imported again against the stand-ins, the registry of device steps with them
+        monkeypatch.delitem(sys.modules, f"gpuzarr_dist.cuda.{name}", raising=False)
+        monkeypatch.delattr(package, name, raising=False)
     mod = importlib.import_module("gpuzarr_dist.cuda.decode")
-    # small tables go up by runtime.cuda.upload (one driver call, queued on the stream it is given)
-    monkeypatch.setattr(mod, "upload", lambda host, stream=None: log.append(
-        ("tables", (stream or _STATE["current"]).name)) or FakeDev(np.asarray(host), log))
+    # small tables go up by streams.upload (one driver call, queued on the stream it is given)
+    monkeypatch.setattr(importlib.import_module("gpuzarr_dist.cuda.nvcomp_calls"), "upload",
+                        lambda host, stream=None: log.append(("tables", (stream or _STATE["current"]).name))
+                        or FakeDev(np.asarray(host), log))
     _STATE["stack"] = [FakeStream(log, "legacy null stream")]
     FakeStream(log, "caller's current stream").use()  # as thread_stream makes a thread's stream current
     return mod, log, FakeStream(log, "batch stream")
@@ -131,7 +140,7 @@ def test_an_error_after_the_upload_waits_for_the_stream_and_the_walk_runs_on_the
         log.append(("walk", _STATE["current"].name))
         raise ChunkDecodeError(array, keys[2], "zstd frame states 1 decoded bytes, expected 2", "zstd")
 
-    monkeypatch.setattr(mod, "_zstd_frames", walk)
+    monkeypatch.setattr(importlib.import_module("gpuzarr_dist.cuda.zstd"), "zstd_frames", walk)
     pipe, host, offsets, sizes, keys = _batch("zstd", _good("zstd"))
     with pytest.raises(ChunkDecodeError, match="c/2/0"):
         mod.decode_batch_gpu(pipe, host, offsets, sizes, keys, stream)

@@ -54,16 +54,16 @@ def _forbid(monkeypatch, where, name):
 
 def _count_nvcomp(monkeypatch) -> list[str]:
     """The algorithms of the nvCOMP decode calls the GPU decoder makes from now on (either interface; still made)."""
-    import gpuzarr_dist.cuda.decode as g
+    import gpuzarr_dist.cuda.nvcomp_calls as g
 
     calls: list[str] = []
-    real = g._decode_frames
+    real = g.decode_frames
 
     def counted(stream, parts):
         calls.append(parts[0].algorithm)
         return real(stream, parts)
 
-    monkeypatch.setattr(g, "_decode_frames", counted)
+    monkeypatch.setattr(g, "decode_frames", counted)
     return calls
 
 
@@ -72,12 +72,12 @@ def test_small_gpu_batches_decode_on_the_cpu(tmp_path, monkeypatch):
     """Below min-batch nvCOMP is never called; the block is still a cupy array equal to zarr-python's read."""
     import cupy
 
-    import gpuzarr_dist.cuda.decode as g
+    import gpuzarr_dist.cuda.nvcomp_calls as g
 
     data = make_data("float32", (40, 50, 30), seed=3)
     path = _store(tmp_path, data, (10, 25, 30))
     expect = zarr.open_array(path, mode="r")[...]
-    _forbid(monkeypatch, g, "_decode_frames")
+    _forbid(monkeypatch, g, "decode_frames")
     with dask.config.set({"gpuzarr.gpu.min-batch": "1 MiB"}):  # a block here is 120 kB
         x = gz.from_zarr_gpu(path, device="gpu", chunks=(20, 50, 30))
         got = x.compute()

@@ -50,7 +50,7 @@ def test_chunks_per_call_from_the_fixed_and_per_chunk_scratch(monkeypatch):
 
 
 def test_decode_tables_rows_are_the_call_arguments_in_order():
-    """The tables a batch copies up ahead of its chunks (``gpu._small_tables``) hold rows in the order
+    """The tables a batch copies up ahead of its chunks (``nvcomp_calls.small_tables``) hold rows in the order
     ``decode`` hands them to ``nvcompBatched<Algorithm>DecompressAsync``: input pointers, input bytes,
     output slot bytes, output pointers; written into a slice of a larger int64 table too."""
     ins, sizes, outs, slots = [1 << 40, (1 << 40) + 4096], [100, 200], [1 << 41, (1 << 41) + 8192], [8192, 8192]

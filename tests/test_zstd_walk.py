@@ -131,7 +131,7 @@ def _device_walk(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int
     """The same walk on the GPU, through the kernel the decoder launches (frames at 256-byte aligned offsets)."""
     import cupy
 
-    from gpuzarr_dist.cuda.decode import _kernel
+    from gpuzarr_dist.cuda.launch import kernel
     from gpuzarr_dist.stores.base import staging_layout
 
     sizes = [len(f) for f in frames]
@@ -143,7 +143,7 @@ def _device_walk(frames: list[bytes], mode: int = 0) -> list[tuple[int, int, int
     dev = cupy.asarray(host)
     fcs, length = cupy.empty(n, dtype=cupy.int64), cupy.empty(n, dtype=cupy.int64)
     deep = cupy.empty(n, dtype=cupy.int32)
-    _kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (
+    kernel("zstd_frames", ZSTD_FRAMES_SRC)(((n + 63) // 64,), (64,), (
         dev, cupy.asarray(np.asarray(offsets, dtype=np.int64)), cupy.asarray(np.asarray(sizes, dtype=np.int64)),
         np.int32(n), fcs, length, deep, np.int32(mode)))
     return list(zip(fcs.get().tolist(), length.get().tolist(), deep.get().tolist()))
@@ -334,13 +334,13 @@ def test_block_walk_gives_the_one_thread_walks_verdicts(walk_exe, mode):
 @pytest.mark.parametrize("fork", [True, False], ids=["literals-beside", "literals-after"])
 @pytest.mark.parametrize("mode", [1, 2], ids=["sequences", "literals"])
 def test_device_block_walk_is_the_host_builds(walk_exe, mode, fork, monkeypatch):
-    """The decoder's zstd walk on the GPU (``_zstd_walk``: plan, blocks, literals, combine) answers as the host
+    """The decoder's zstd walk on the GPU (``zstd_walk``: plan, blocks, literals, combine) answers as the host
     build does, with the literals walk on the thread's second stream or after the sequences walk, from eight
     threads at once on their own streams (each thread's verdicts read back after its stream alone is synchronised)."""
     import cupy
 
     from gpuzarr_dist.cuda import kernels
-    from gpuzarr_dist.cuda.decode import _zstd_walk
+    from gpuzarr_dist.cuda.zstd import zstd_walk
     from gpuzarr_dist.cuda.kernels import zstd_block_slots
     from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.base import staging_layout
@@ -359,9 +359,9 @@ def test_device_block_walk_is_the_host_builds(walk_exe, mode, fork, monkeypatch)
         stream = thread_stream()
         with stream:
             found = cupy.empty(3 * n, dtype=cupy.int64)
-            _zstd_walk(cupy.asarray(host), cupy.asarray(np.asarray(offsets, np.int64)),
-                       cupy.asarray(np.asarray(sizes, np.int64)), n, found[:n], found[n : 2 * n],
-                       found[2 * n :].view(cupy.int32), mode, 700_000)
+            zstd_walk(cupy.asarray(host), cupy.asarray(np.asarray(offsets, np.int64)),
+                      cupy.asarray(np.asarray(sizes, np.int64)), n, found[:n], found[n : 2 * n],
+                      found[2 * n :].view(cupy.int32), mode, 700_000)
             stream.synchronize()
             got = found.get(stream=stream)
         return list(zip(got[:n].tolist(), got[n : 2 * n].tolist(), got[2 * n :].view(np.int32)[:n].tolist()))

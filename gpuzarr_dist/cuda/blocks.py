@@ -30,6 +30,7 @@ from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
 from gpuzarr_dist.config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
 from gpuzarr_dist.cuda.streams import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
+from gpuzarr_dist.cuda.sources import source
 from gpuzarr_dist.runtime.threads import read_slot
 from gpuzarr_dist.runtime.once import warn_once
 
@@ -144,31 +145,7 @@ def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shap
 #: is too long). Session 23's kernel, one thread per element working out every axis with 64-bit divisions
 #: (nine per element of a 3-d block), placed a (96, 721, 1440) float32 block of 256 KiB or 1 MiB inner chunks
 #: in 1.36 ms; this one in 0.50 ms (H100, alone, ``tools/gpu_probe_place.py``).
-_PLACE_SRC = r"""
-extern "C" __global__ void place_rows(const T* chunks, T* out, long long rows, int nd, const long long* dims,
-                                      long long tile_stride) {
-    // dims: the block's shape, the chunk shape, the grid (chunks per axis), the block's start in its first chunk
-    const long long *shape = dims, *chunk = dims + nd, *grid = dims + 2 * nd, *start = dims + 3 * nd;
-    const U X = (U)shape[nd - 1], cx = (U)chunk[nd - 1], sx = (U)start[nd - 1];
-    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
-        long long rem = r, tile = 0, within = 0, tmul = grid[nd - 1], wmul = chunk[nd - 1];
-        for (int d = nd - 2; d >= 0; d--) {
-            long long o = rem % shape[d], g, q;
-            rem /= shape[d];
-            g = o + start[d];
-            q = g / chunk[d];
-            tile += q * tmul; tmul *= grid[d];
-            within += (g - q * chunk[d]) * wmul; wmul *= chunk[d];
-        }
-        const T* src = chunks + tile * tile_stride + within;  // the row's first chunk along the last axis
-        T* dst = out + r * (long long)X;
-        for (U x = threadIdx.x; x < X; x += blockDim.x) {
-            U g = x + sx, q = g / cx;
-            dst[x] = src[(long long)q * tile_stride + (g - q * cx)];
-        }
-    }
-}
-"""
+_PLACE_SRC = source("place_rows.cu")
 _PLACE_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}
 #: the last axis' arithmetic is 32-bit while the block's last axis plus its start, and the chunk's, stay below this
 _PLACE_NARROW = 1 << 32
@@ -205,15 +182,15 @@ def place_tiles(out: cupy.ndarray, chunks: cupy.ndarray, chunk_shape: tuple[int,
                 start: tuple[int, ...]) -> None:
     """Queue :data:`_PLACE_SRC`'s kernel: ``out`` (C-contiguous) from ``chunks``, a C-ordered ``grid`` of tiles of
     ``chunk_shape`` (each at a multiple of ``chunks.strides[0]``), the block starting ``start`` into its first tile."""
-    from gpuzarr_dist.cuda.decode import _kernel
+    from gpuzarr_dist.cuda.launch import kernel as compiled
 
     if not out.size:
         return
     item = out.dtype.itemsize
     wide = out.shape[-1] + start[-1] >= _PLACE_NARROW or chunk_shape[-1] >= _PLACE_NARROW
     u = "unsigned long long" if wide else "unsigned int"
-    kernel = _kernel("place_rows", f"typedef {_PLACE_TYPES[item]} T;\ntypedef {u} U;\n" + _PLACE_SRC,
-                     (f"-DGZ_PLACE_ITEM={item}", f"-DGZ_PLACE_WIDE={int(wide)}"))  # one build per item size and width
+    kernel = compiled("place_rows", f"typedef {_PLACE_TYPES[item]} T;\ntypedef {u} U;\n" + _PLACE_SRC,
+                      (f"-DGZ_PLACE_ITEM={item}", f"-DGZ_PLACE_WIDE={int(wide)}"))  # one build per item size and width
     nd = out.ndim
     dims = upload(np.asarray([*out.shape, *chunk_shape, *grid, *start], dtype=np.int64))
     rows = out.size // out.shape[-1]

@@ -20,7 +20,8 @@ device then runs it on the caller's stream:
    :func:`.blosc_frames.bit_unshuffle_block`.
 
 Frames compressed with blosclz or snappy have no GPU decoder: such a batch is
-decoded on the CPU (warned once per compressor).
+decoded on the CPU (warned once per compressor). Registers the codec's device
+steps (:mod:`.steps`): a decode of its own, and the compressors it takes.
 
 Only imported on the GPU path: importing it imports cupy.
 """
@@ -35,8 +36,13 @@ import numpy as np
 from gpuzarr_dist.codecs import blosc_frames as bf
 from gpuzarr_dist.cuda.blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
 from gpuzarr_dist.cuda.deflate_walk import DEFLATE_ZLIB
-from gpuzarr_dist.cuda.decode import _cpu_diagnose, _judge_on_cpu, _kernel, _lz4_lengths, _NoStatedSize, _zstd_frames, decode_spans
 from gpuzarr_dist.cuda.deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
+from gpuzarr_dist.cuda.fallback import cpu_diagnose, judge_on_cpu
+from gpuzarr_dist.cuda.launch import kernel
+from gpuzarr_dist.cuda.lz4 import lz4_lengths
+from gpuzarr_dist.cuda.nvcomp_calls import decode_spans
+from gpuzarr_dist.cuda.steps import DeviceSteps, register
+from gpuzarr_dist.cuda.zstd import NoStatedSize, zstd_frames
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.config import deflate_check
 from gpuzarr_dist.errors import ChunkDecodeError
@@ -116,13 +122,13 @@ def decode_blosc_batch(
         gsrc, gdst, glen, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart = views
         mark("blosc: H2D")
         if comp.size:
-            _kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
+            kernel("blosc_gather", GATHER_SRC)(_grid(comp.size), (256,), (work, gsrc, gdst, glen, np.int64(comp.size)))
             mark("blosc: gather")
             if not _decode_streams(pipeline, plan, pl, comp, work, host, offsets, stored_sizes, keys, stream,
                                    mark):
                 stream.synchronize()
                 return None
-        _kernel("blosc_unshuffle", UNSHUFFLE_SRC)(
+        kernel("blosc_unshuffle", UNSHUFFLE_SRC)(
             _grid(len(seg_block)), (256,),
             (work, out, piece_at, bdst, bsize, bpiece0, bneblock, bts, bmode, sblock, sstart,
              np.int64(len(seg_block)), np.int64(SEGMENT)),
@@ -160,15 +166,15 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
             by_chunk: dict[int, str] = {}
             for i, why in suspects:
                 by_chunk.setdefault(int(plan.piece_chunk[pieces[i]]), why if why.startswith("blosc") else f"blosc zlib stream: {why}")
-            _judge_on_cpu(pipeline, host, offsets, sizes, keys, sorted(by_chunk.items()), "blosc")
+            judge_on_cpu(pipeline, host, offsets, sizes, keys, sorted(by_chunk.items()), "blosc")
 
         def diagnose(bad: np.ndarray, why: str) -> ChunkDecodeError:
             chunks = sorted({int(plan.piece_chunk[pieces[i]]) for i in bad})
-            return _cpu_diagnose(pipeline, host, [offsets[c] for c in chunks], [sizes[c] for c in chunks],
-                                 [keys[c] for c in chunks], f"blosc {name} stream: {why}", "blosc")
+            return cpu_diagnose(pipeline, host, [offsets[c] for c in chunks], [sizes[c] for c in chunks],
+                                [keys[c] for c in chunks], f"blosc {name} stream: {why}", "blosc")
 
         if code == 1:  # nvCOMP decodes a malformed LZ4 block without an error: walk it first
-            lengths = _lz4_lengths(work, in_offs, in_lens, int(dsize.max()))
+            lengths = lz4_lengths(work, in_offs, in_lens, int(dsize.max()))
             bad = np.flatnonzero(lengths != dsize)
             if bad.size:
                 raise diagnose(bad, f"malformed lz4 block (code {lengths[bad[0]]})")
@@ -176,9 +182,9 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
             for want in np.unique(dsize):
                 g = np.flatnonzero(dsize == want)
                 try:
-                    suspects = _zstd_frames(array, work, [in_offs[i] for i in g], [in_lens[i] for i in g],
-                                            [piece_keys[i] for i in g], int(want))
-                except _NoStatedSize:
+                    suspects = zstd_frames(array, work, [in_offs[i] for i in g], [in_lens[i] for i in g],
+                                           [piece_keys[i] for i in g], int(want))
+                except NoStatedSize:
                     return False
                 except ChunkDecodeError as e:
                     raise ChunkDecodeError(array, e.key, f"blosc zstd stream: {e.reason}", "blosc") from None
@@ -210,3 +216,16 @@ def _decode_streams(pipeline: CodecPipeline, plan: bf.BloscPlan, pl: bf.Placemen
                 judge([(i, "blosc zlib stream: adler32 checksum does not match the decoded data") for i in bad])
                 return False
     return True
+
+
+def _unsupported(codec) -> str | None:
+    """``blosc (<cname>)`` for frames of a compressor without a GPU decoder (blosclz, snappy), else None."""
+    cname = codec.config.get("cname", "lz4")
+    if cname not in bf.GPU_CNAMES:  # blosclz, snappy: no GPU decoder
+        return f"blosc ({cname})"
+    return None
+
+
+STEPS = register(DeviceSteps("blosc", kernels=("blosc_gather.cu", "blosc_unshuffle.cu", "lz4_check.cu", "zstd_frames.cu",
+                                               "deflate_walk.cu", "adler32.cu"),
+                             unsupported=_unsupported, decode=decode_blosc_batch))

@@ -49,6 +49,7 @@ from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.config import nvcomp_api
 from gpuzarr_dist.errors import ChunkEncodeError
 from gpuzarr_dist.cuda.streams import on_stream, thread_nvcomp_codec, upload
+from gpuzarr_dist.cuda.sources import source
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
@@ -60,27 +61,7 @@ GZIP_HEADER = bytes([0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 0xFF])  # deflate, no flag
 _max_sizes: dict[tuple[str, int], int | None] = {}
 _max_sizes_lock = threading.Lock()
 
-_GATHER_SRC = r"""
-extern "C" __global__ void gather_chunks(const unsigned long long* src, const long long* dst_off,
-                                         const long long* sizes, unsigned char* dst) {
-    // chunk blockIdx.x, copied by gridDim.y blocks of threads; 16-byte words where both ends allow it
-    const int i = blockIdx.x;
-    const unsigned char* s = (const unsigned char*)src[i];
-    unsigned char* d = dst + dst_off[i];
-    const long long n = sizes[i];
-    const long long first = (long long)blockIdx.y * blockDim.x + threadIdx.x;
-    const long long step = (long long)gridDim.y * blockDim.x;
-    long long done = 0;
-    if ((((unsigned long long)s) & 15) == 0 && (((unsigned long long)d) & 15) == 0) {
-        const long long n16 = n >> 4;
-        const uint4* s4 = (const uint4*)s;
-        uint4* d4 = (uint4*)d;
-        for (long long k = first; k < n16; k += step) d4[k] = s4[k];
-        done = n16 << 4;
-    }
-    for (long long k = done + first; k < n; k += step) d[k] = s[k];
-}
-"""
+_GATHER_SRC = source("gather_chunks.cu")
 
 
 #: set once nvCOMP refuses encode(out=) (it does in nvCOMP 6.0: sizes come back as the capacities)
@@ -116,7 +97,7 @@ def _forget_max(algorithm: str, nbytes: int) -> None:
 def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream) -> tuple[cupy.ndarray, list[int]]:
     """Pack device buffers (``src_ptrs``, ``sizes``) into one device buffer at 256-byte aligned offsets: one kernel."""
     from gpuzarr_dist.cuda.streams import align
-    from gpuzarr_dist.cuda.decode import _kernel
+    from gpuzarr_dist.cuda.launch import kernel
 
     offsets, total = [], 0
     for s in sizes:
@@ -129,7 +110,7 @@ def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream)
             meta = upload(np.concatenate([np.asarray(src_ptrs, dtype=np.uint64).view(np.int64),
                                           np.asarray(offsets, dtype=np.int64), np.asarray(sizes, dtype=np.int64)]))
             split = max(1, min(64, 1024 // n))  # few large chunks: several thread blocks per chunk
-            _kernel("gather_chunks", _GATHER_SRC)((n, split), (256,), (meta[:n], meta[n : 2 * n], meta[2 * n :], packed))
+            kernel("gather_chunks", _GATHER_SRC)((n, split), (256,), (meta[:n], meta[n : 2 * n], meta[2 * n :], packed))
     return packed, offsets
 
 

@@ -32,7 +32,7 @@ import numpy as np
 if TYPE_CHECKING:
     import cupy
 
-#: nvCOMP's C names of the algorithms (``nvcomp.Codec``'s names, as in ``gpu.NVCOMP_FRAMING``)
+#: nvCOMP's C names of the algorithms (``nvcomp.Codec``'s names, the ``algorithm`` of :class:`.steps.DeviceSteps`)
 ALGORITHMS = ("Zstd", "LZ4", "Deflate", "Gzip")
 
 #: ``nvcompStatus_t`` values and their names in nvCOMP's headers

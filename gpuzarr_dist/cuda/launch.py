@@ -29,9 +29,7 @@ def kernel(name: str, src: str, options: tuple[str, ...] = ()) -> cupy.RawKernel
 
 #: threads per CUDA block of the walks that check streams before nvCOMP (one thread per stream); see
 #: :func:`walk_launch`. One: each stream's walk gets a multiprocessor slot of its own instead of sharing a
-#: warp with 31 others that diverge from it. Measured on an H200 at 16 dask threads, 1600 x 4.15 MB chunks,
-#: blocks of 64: Blosc-lz4 (960 LZ4 streams walked per block) 11.4-11.9 GB/s against 10.0-10.7 with 64;
-#: zstd the same either way (12.9-14.3 against 11.8-14.4, within noise).
+#: warp with 31 others that diverge from it (Blosc-lz4 reads about 12% faster than with 64; zstd the same).
 WALK_THREADS = 1
 
 

@@ -48,9 +48,7 @@ def small_tables(algorithm: str, dev: cupy.ndarray, in_offs: np.ndarray, in_size
     streams share the copy engine in the order they were queued, so a table
     copied up after the chunks (by the walk, then by nvCOMP's call after the
     walk) waits behind every other batch's chunks queued in the meantime, and
-    the kernels that need it with it (sixteen threads decoding
-    112-chunk batches from pinned memory ran at 27 GB/s, their parts alone at
-    55-74).
+    the kernels that need it with it.
     """
     from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 

@@ -92,12 +92,12 @@ def test_each_thread_has_its_own_stream(era5ish):
 def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     """After a block read and a block write, CuPy's current stream is still the thread's own stream.
 
-    Session 19: the decode's ``with stream:`` restored, on exit, the bottom of
-    CuPy's stream stack (the legacy null stream), not the stream
-    ``thread_stream`` had made current with ``use()``. Placement kernels and
-    the user's computation then ran on the null stream, outside what the read
-    synchronises, and a read that allocated its block after the decode gave
-    wrong tiles in the Cubed variant's anomaly. Each codec here takes another
+    CuPy's ``with stream:`` restores, on exit, the bottom of its stream stack
+    (the legacy null stream), not the stream ``thread_stream`` made current
+    with ``use()``. Placement kernels and the user's computation would then
+    run on the null stream, outside what the read synchronises, and a read
+    that allocates its block after the decode would give wrong tiles in the
+    Cubed variant's anomaly. Each codec here takes another
     decode path (one chunk: the CPU's small batch; more: nvCOMP; zlib: the deflate walk;
     Blosc: the gathered streams; none: no compressor).
     """

@@ -139,7 +139,7 @@ def test_an_error_after_the_upload_waits_for_the_stream_and_the_walk_runs_on_the
     # on the copy engine behind other threads' chunks)
     assert log == [("tables", "batch stream"), ("upload", "batch stream", "batch stream"), ("walk", "batch stream"),
                    ("sync", "batch stream")]
-    # restored after the batch: CuPy's ``with stream:`` left the legacy null stream current here (session 19)
+    # restored after the batch: CuPy's ``with stream:`` would leave the legacy null stream current here
     assert _STATE["current"].name == "caller's current stream"
 
 

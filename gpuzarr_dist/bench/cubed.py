@@ -141,8 +141,8 @@ def checked_steps(n: int, count: int = CHECKED_STEPS) -> list[int]:
     """The time steps of an anomaly checked against numpy: ``count`` spread evenly, the first and the last.
 
     Every step would cost as much as the benchmark. A wrong task writes a wrong tile into each step of its
-    block (session 18: a race made 1 to 3 of 80 tasks per run wrong, at none of the first, middle and last
-    steps, the only ones checked then). With 33 steps, 2400 steps are checked 75 apart: at least once in
+    block, which may miss the first, middle and last steps alone (a past race made 1 to 3 of 80 tasks
+    wrong, at none of them). With 33 steps, 2400 steps are checked 75 apart: at least once in
     every block of 75 steps or more, which the benchmark's blocks (400 to 600 steps) are.
     """
     return sorted({int(t) for t in np.linspace(0, n - 1, min(n, count))} | {0, n // 2, n - 1})

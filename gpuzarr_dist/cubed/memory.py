@@ -22,13 +22,10 @@ scratch (``1.525 B``) at once: at most ``4.03 B``, within the projection
 and ``from_zarr_gpu`` reads blocks of at most ``min(read_block, (allowed_mem -
 reserved_mem) / 4)`` bytes (0.181 x allowed_mem on the GPU, 0.125 x on the CPU),
 split evenly along the axis that is split, so cubed's projection fits
-``allowed_mem``. History: until session 18 the GPU's workspace was 4.2 (a
-compressed copy counted a second time; blocks of 0.119 x allowed_mem); in
-session 18 3.05, one decode call per block (0.141 x); from session 19 two
-calls (0.181 x). Why two calls: the benchmark's 2400 steps then read in 4
-blocks along time, not 5, and cubed's mean (``split_every`` 4) combines them
-in the operation that reads them instead of a second one (16 tasks, 0.16 s of
-a 0.95 s mean on an H200, session 19).
+``allowed_mem``. The GPU decodes a block in two calls (half the zstd scratch
+of one call), so blocks are larger than with one: the benchmark's 2400 steps
+read in 4 blocks along time, not 5, and cubed's mean (``split_every`` 4)
+combines them in the operation that reads them instead of a second one.
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the

@@ -80,9 +80,8 @@ def to_zarr(
         tasks, so ``x - mean(x, axis=0)`` computes the mean once rather than in
         every subtract task. Pass ``optimize_function=`` to choose another, or
         ``None`` for cubed's own (``multiple_inputs_optimize_dag``; with the
-        benchmark's blocks of 600 steps it fused the whole mean into every
-        subtract task and read the source five times over: 0.32x our dask
-        path on an H200, against 0.54x, session 19).
+        benchmark's blocks of 600 steps it fuses the whole mean into every
+        subtract task and reads the source five times over).
     """
     import cubed
 

@@ -150,9 +150,7 @@ def _bad_deflate_header(codec: str, host: np.ndarray, o: int, n: int) -> str | N
 
 #: threads per CUDA block of the walks that check streams before nvCOMP (one thread per stream); see
 #: :func:`walk_launch`. One: each stream's walk gets a multiprocessor slot of its own instead of sharing a
-#: warp with 31 others that diverge from it. Measured on an H200 at 16 dask threads, 1600 x 4.15 MB chunks,
-#: blocks of 64: Blosc-lz4 (960 LZ4 streams walked per block) 11.4-11.9 GB/s against 10.0-10.7 with 64;
-#: zstd the same either way (12.9-14.3 against 11.8-14.4, within noise).
+#: warp with 31 others that diverge from it (Blosc-lz4 reads about 12% faster than with 64; zstd the same).
 WALK_THREADS = 1
 
 
@@ -209,9 +207,7 @@ def _small_tables(algorithm: str, dev: cupy.ndarray, in_offs: np.ndarray, in_siz
     streams share the copy engine in the order they were queued, so a table
     copied up after the chunks (by the walk, then by nvCOMP's call after the
     walk) waits behind every other batch's chunks queued in the meantime, and
-    the kernels that need it with it (session 16: sixteen threads decoding
-    112-chunk batches from pinned memory ran at 27 GB/s, their parts alone at
-    55-74).
+    the kernels that need it with it.
     """
     from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 

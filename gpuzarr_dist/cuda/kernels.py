@@ -43,9 +43,9 @@ ZSTD_SLOT_BYTES = 232
 #: threads per CUDA block of the block walk's sequences (``zstd_blocks``), and how many of them keep their
 #: tables in shared memory (about 10.4 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory.
 #: One thread a CUDA block with its tables in shared memory walks one batch as fast, but sixteen threads'
-#: batches at once (copy, walk and nvCOMP, 112 / 225 chunks of 4.15 MB, H200, session 16) ran at 28.2 / 30.1
-#: GB/s against 30.0-30.1 / 32.6-32.8 with 128 threads a CUDA block and the tables in local memory
-#: (``tools/gpu_probe_decode_stage.py --kernel``): fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
+#: batches at once (copy, walk and nvCOMP) run about 7% faster with 128 threads a CUDA block and the tables
+#: in local memory (``tools/gpu_probe_decode_stage.py --kernel``): fewer, fuller CUDA blocks leave more of
+#: each SM to nvCOMP.
 ZSTD_BLOCK_THREADS = 128
 ZSTD_LANE_SHARED = 0
 
@@ -56,9 +56,8 @@ ZSTD_LIT_SLOTS = 4
 
 #: whether the literals walk runs on the thread's second stream (:func:`..runtime.cuda.thread_side_stream`),
 #: beside the sequences walk instead of after it: both need only the plan, and write other fields of a slot.
-#: Sixteen threads, 112 chunks of 4.15 MB (H200, session 17, ``tools/gpu_probe_decode_stage.py``, same
-#: call): the walk alone 97.9 GB/s against 75.0 after it, walk + nvCOMP 36.3 against 31.3, the whole device
-#: stage 33.4 against 28.0. Costs add up on the GPU: walk and nvCOMP do not overlap, copies do.
+#: Beside it, the device stage of sixteen threads' batches runs about 19% faster
+#: (``tools/gpu_probe_decode_stage.py``). Costs add up on the GPU: walk and nvCOMP do not overlap, copies do.
 ZSTD_WALK_FORK = True
 
 

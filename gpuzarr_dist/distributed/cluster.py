@@ -54,9 +54,8 @@ def share_device_pool() -> str:
     """Make CuPy allocate from RMM's current memory resource in this process (CuPy's own pool without rmm).
 
     Returns a short description of the allocator now in use. nvCOMP keeps its
-    own allocator: routing its workspace through CuPy's pool was measured on an
-    H200 (16 threads, 4 MB zstd chunks) to gain nothing (24.8 vs 24.7 GB/s
-    decode), to grow the pool to 60-90 GiB, and the process segfaulted at exit
+    own allocator: routing its workspace through CuPy's pool gains no decode
+    speed, grows the pool to 60-90 GiB, and crashes the process at exit
     (nvCOMP freeing pool memory during interpreter shutdown).
     """
     import cupy

@@ -46,9 +46,9 @@ class PieceArray(Sequence):
     :class:`Piece`: each piece is made when it is looked at, not kept.
 
     :func:`plan_reads` gives a block's reads their pieces this way. As a list,
-    a block of 3528 inner chunks kept 3528 named tuples alive while it read:
-    with several blocks at once, Python's collector ran full collections of
-    100 ms with the GIL held (session 20). Compares equal to a list of the
+    a block of thousands of inner chunks would keep as many named tuples
+    alive while it reads, and with several blocks at once Python's collector
+    runs full collections of about 100 ms with the GIL held. Compares equal to a list of the
     same pieces.
     """
 

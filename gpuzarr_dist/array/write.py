@@ -50,8 +50,8 @@ OBJECT_WRITE_SCHEMES = tuple(s for s in REMOTE_SCHEMES if s not in ("http", "htt
 MAX_CHUNK_FROM_BLOCK = 16 * 2**20
 #: chunks=None and a larger block: Zarr chunks of about this size (many per block: one big nvCOMP batch)
 SPLIT_CHUNK_BYTES = 4 * 2**20
-#: shards=... and chunks=None: inner chunks of about this size. nvCOMP zstd decodes 50-55 GB/s on one
-#: H200 for 64 KiB - 1 MiB chunks in large batches (shared GPU notes); 1 MiB keeps the index small.
+#: shards=... and chunks=None: inner chunks of about this size. nvCOMP zstd decodes 64 KiB - 1 MiB chunks
+#: fastest in large batches; 1 MiB keeps the index small.
 INNER_CHUNK_BYTES = 2**20
 
 CODECS = ("zstd", "gzip", "none")

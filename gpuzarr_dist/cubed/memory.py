@@ -1,12 +1,12 @@
 """Memory: the per-task budget split (``reserved_mem`` and read blocks) and the measured peak of each task.
 
-Budget (documented in the README, "Cubed"): cubed projects a task that reads
+Budget (documented in the Cubed guide): cubed projects a task that reads
 an input chunk of ``B`` bytes as ``reserved_mem`` + ``B`` (its read buffer:
 here the compressed bytes on the device, at most ``B`` for incompressible
 data) + ``B`` (the array) + 2 x its output chunk. What cubed does not see is
 the decoder's workspace, so it goes into ``reserved_mem``: nvCOMP's zstd
 scratch space, 3.05 bytes per decoded byte of one call
-(``nvcompBatchedZstdDecompressGetTempSize`` on an H200, nvCOMP 6.0, for 8 to
+(``nvcompBatchedZstdDecompressGetTempSize`` of nvCOMP 6.0, for 8 to
 4096 frames of 256 KiB and 8 to 256 of 2 MB: the same ratio). A GPU read
 decodes its block in :data:`DECODE_SPLIT` calls, slabs of its chunk grid of
 at most ``read_block / 2`` decoded bytes each (:func:`decode_limit`,
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: nvCOMP's zstd decode scratch per decoded byte (H200, nvCOMP 6.0; the same for 8 to 4096 frames)
+#: nvCOMP's zstd decode scratch per decoded byte (nvCOMP 6.0; the same for 8 to 4096 frames)
 ZSTD_SCRATCH = 3.05
 #: a GPU read decodes its block in calls of at most 1 / this of the read block (rows of its chunk grid)
 DECODE_SPLIT = 2

@@ -254,9 +254,9 @@ class IntermediateGroup:
     field) whose fields are read and written through :class:`IntermediateArray`, i.e. our batched paths.
 
     Cubed reads such a group with ``group[selection]`` (a dict of field blocks) and writes it with
-    ``group.set_basic_selection(selection, block, fields=name)``. Before this, those blocks went
-    through zarr-python (on the CPU measured: a third of the anomaly's fused subtract task, which
-    re-reads the mean's last partials for each of its blocks).
+    ``group.set_basic_selection(selection, block, fields=name)``. Through zarr-python those blocks
+    would cost about a third of the anomaly's fused subtract task, which re-reads the mean's last
+    partials for each of its blocks.
     """
 
     def __init__(self, group: Any, device: str, decode_bytes: int | None = None):

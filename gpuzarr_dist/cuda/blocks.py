@@ -67,8 +67,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
 
         def staging(nbytes: int):
             preparing.close()  # prepared: the next block's preparation runs beside this one's reads
-            # the buffer before the turn: pinning new memory (a staging pool miss) took 100-250 ms for 512 MiB
-            # on an H200, and inside the turn every other block's reads waited for it
+            # the buffer before the turn: pinning new memory (a staging pool miss) takes 100-250 ms for 512 MiB,
+            # and inside the turn every other block's reads would wait for it
             buf = pinned_staging(nbytes)
             if not turn_taken and nbytes >= turn_min:  # a small read takes no turn (gpuzarr.gpu.read-slot-min)
                 turn_taken.append(turn.enter_context(read_slot(slots)))

@@ -30,8 +30,8 @@ def release_cached_device_memory() -> int:
 
     nvCOMP allocates its scratch outside that pool, so a pool grown by earlier
     blocks of other sizes can leave too little for it although little is in
-    use: seen on an H200 after reading one array in blocks of 64, 128 and 200
-    chunks one after the other. Only blocks no array uses are released.
+    use, as after reading one array in blocks of 64, 128 and 200 chunks one
+    after the other. Only blocks no array uses are released.
     """
     cupy = sys.modules.get("cupy")
     if cupy is None:  # never imported in this process: no pool to release

@@ -305,7 +305,7 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     The addresses are device pointers into buffers the caller keeps alive
     until this returns; ``out_sizes`` are the slots' sizes. They bound
     nothing: nvCOMP 6.0 reported success and the full decoded size for a zstd
-    frame given half the slot it needed (H200), so callers check what frames
+    frame given half the slot it needed, so callers check what frames
     state before the call and guard the output (``gpu._decode_batch``). The
     pointer tables, the scratch space
     and the results are queued on ``stream`` behind the work already there

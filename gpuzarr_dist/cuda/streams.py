@@ -193,10 +193,10 @@ def context_sync_wait() -> str:
 def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:
     """This thread's nvCOMP codec for ``algorithm`` on ``stream`` (for decoding and encoding alike).
 
-    Created in the thread that uses it (measured: a codec created in another
-    thread ran 5x slower) and kept with the thread; the stream outlives it,
-    since streams are kept for the life of the process (a stream destroyed
-    before its codec is what crashed the process in the shared notes).
+    Created in the thread that uses it (a codec created in another thread
+    runs several times slower) and kept with the thread; the stream outlives
+    it, since streams are kept for the life of the process (a stream
+    destroyed before its codec crashes the process).
     """
     from nvidia import nvcomp
 

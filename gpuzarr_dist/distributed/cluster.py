@@ -33,9 +33,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from gpuzarr_dist.errors import DeviceUnavailableError
 from gpuzarr_dist.cuda.device import DEVICES, gpu_status
 
-#: threads per GPU worker: the decode stage scaled up to 8-16 threads on an H200, and each thread
-#: holds about 6 blocks of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with an H200's auto blocks of
-#: ~890 MiB), so 8 threads use 12-45 GB
+#: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
+#: of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with the ~890 MiB auto blocks of a 139 GiB GPU),
+#: so 8 threads use 12-45 GB
 DEFAULT_THREADS_PER_GPU = 8
 #: fraction of each GPU's memory a worker may hold results in before it spills them to host memory
 DEFAULT_DEVICE_MEMORY_LIMIT = 0.8

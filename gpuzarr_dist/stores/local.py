@@ -37,7 +37,7 @@ def _kvikio() -> Any:
     kvikio's default of one thread reads at a fraction of the disk's rate; its
     ``KVIKIO_NTHREADS`` environment variable, when set, is left as it is. The
     setting happens once, under a lock, before any read: resetting kvikio's
-    thread pool while another thread waits on a read deadlocked (seen on the H200).
+    thread pool while another thread waits on a read deadlocks.
     """
     if not _kvikio_state:
         with _kvikio_lock:

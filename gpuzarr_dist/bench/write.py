@@ -124,8 +124,8 @@ def run(args) -> int:
         path = os.path.join(tmp.name, folder)
         times = []
         for k in range(repeat + 1):  # run 0 warms up: imports, CUDA context, nvCOMP handles, thread pools
-            # the last run's output goes before the clock starts: removing 600 files took 160-320 ms on the
-            # H200 machine's disk, a third of a whole write, and no user's write pays it
+            # the last run's output goes before the clock starts: removing its files can take a third of a
+            # whole write's time, and no user's write pays it
             shutil.rmtree(path, ignore_errors=True)
             t0 = time.perf_counter()
             fn(path)

@@ -1,7 +1,7 @@
 """The GPU fuzz harness (``tools/gpu_fuzz.py``) run on the CPU: its judging, its speed and its crash accounting.
 
-The harness is what issue 9's GPU run relies on, and the GPU machine's time is
-scarce, so everything but the kernels is checked here: a ``--device cpu`` run
+The GPU fuzz results rely on the harness, and GPU time is scarce, so
+everything but the kernels is checked here: a ``--device cpu`` run
 decodes batches with the CPU pipeline and judges every damaged chunk against
 the reference libraries (numcodecs, google-crc32c) directly; the self-test
 hooks make a child die or hang on chosen cases, and the run must name exactly

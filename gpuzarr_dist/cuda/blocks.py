@@ -79,8 +79,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         host, offsets, sizes = reader.store.read_into(keys, staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:
-        # the block's device array after its reads: an object store's first request leaves sooner (each block
-        # task spent 2-22 ms before its first request, this allocation among it, on the GPU machine)
+        # the block's device array after its reads: an object store's first request leaves sooner (the
+        # allocation would otherwise sit between the task's start and its first request)
         out = cupy.empty(plan.out_shape, dtype=spec.dtype)
         stored = np.asarray(sizes, dtype=np.int64) >= 0
         missing = np.flatnonzero(~stored).tolist()  # no loop per chunk: see below

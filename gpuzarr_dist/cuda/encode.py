@@ -8,7 +8,7 @@ on the device for a big-endian ``bytes`` codec) go to nvCOMP in one batched
 checksummed on the host where that is cheap:
 
 - ``zstd``: nvCOMP ``Zstd`` with ``BitstreamKind.RAW`` writes standard zstd
-  frames (the shared GPU notes: numcodecs decodes them). nvCOMP's zstd encoder
+  frames (numcodecs decodes them). nvCOMP's zstd encoder
   takes no compression level: ``level`` applies to CPU writes and is recorded
   in the metadata, where decoders ignore it.
 - ``gzip``: nvCOMP ``Deflate`` (raw deflate, RFC 1951) inside a gzip member

@@ -271,9 +271,8 @@ class LocalChunkStore(ChunkStore):
             if len(requests) > 1 and any(abs(r.offset) > SMALL_RANGE if r.offset < 0 else r.length > SMALL_RANGE
                                          for r in requests):
                 return map_all(io_pool(), one, requests)  # none still reading when the files close
-            # small ranges (shard indexes) on this thread: queued on the I/O threads they waited behind other
-            # blocks' merged reads, and each hand-off took the GIL twice (an index read of 55 shards took 20-90
-            # ms a block beside other blocks' work, 3 ms alone, on the GPU machine)
+            # small ranges (shard indexes) on this thread: queued on the I/O threads they would wait behind
+            # other blocks' merged reads, and each hand-off takes the GIL twice (several times slower in all)
             return [one(r) for r in requests]
         finally:
             self._close_own(fds)

@@ -1,7 +1,6 @@
 """Chunks in object stores (``s3://``, ``gs://``, ``az://``, ``http(s)://``) through obstore.
 
-Why obstore: against moto's S3 server on loopback (2 shared cores, see the
-README's "Remote stores"), obstore moved 2.5-3x the bytes per second of
+Why obstore: against moto's S3 server on loopback (2 shared cores), obstore moved 2.5-3x the bytes per second of
 s3fs/aiobotocore for whole 1 MiB objects and 1.5x for 256 KiB ranges at the
 same concurrency; it is a Rust client (object_store) that releases the GIL,
 and speaks S3, GCS, Azure and plain HTTP with one API, including suffix ranges.

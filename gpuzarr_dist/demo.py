@@ -333,11 +333,11 @@ def run_demo(
     600 on a GPU (about 2.5 GB) and 48 on a CPU. ``device``: "auto", "gpu" or
     "cpu". Progress and results are printed to ``out`` (default stdout).
     """
-    import dask
     from dask.diagnostics import ProgressBar
 
     from gpuzarr_dist import config
     from gpuzarr_dist.array.read import from_zarr_gpu
+    from gpuzarr_dist.cuda.device import gpu_memory_bytes
 
     out = out if out is not None else sys.stdout
 
@@ -374,8 +374,8 @@ def run_demo(
         say("array", f"float32 {store.shape}, chunks (1, {NLAT}, {NLON}), zstd level 0: "
                      f"{_gb(store.nbytes)} decompressed, {_gb(stored)} on disk (ratio {store.nbytes / max(stored, 1):.2f})")
         say("blocks", f"{x.npartitions} dask blocks of up to {tuple(c[0] for c in x.chunks)} "
-                      f"(gpuzarr.block-size.{dev} = {dask.config.get(f'gpuzarr.block-size.{dev}')}, "
-                      f"{_gb(config.block_size_bytes(dev))})")
+                      f"(gpuzarr.block-size.{dev} = {config.get(f'gpuzarr.block-size.{dev}')}, "
+                      f"{_gb(config.block_size_bytes(dev, gpu_memory_bytes))})")
         # one untimed pass first: it pays the start-up of every worker thread (thread pools; on a
         # GPU the CUDA context, each thread's stream, pinned buffers, nvCOMP handles, kernels)
         t0 = time.perf_counter()

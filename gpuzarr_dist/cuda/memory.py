@@ -48,9 +48,10 @@ def out_of_memory_error(array: str, shape: tuple[int, ...], dtype: np.dtype, n_c
     from dask.utils import format_bytes
 
     from gpuzarr_dist import config
+    from gpuzarr_dist.cuda.device import gpu_memory_bytes
 
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
-    setting = format_bytes(config.block_size_bytes("gpu"))
+    setting = format_bytes(config.block_size_bytes("gpu", gpu_memory_bytes))
     return GpuOutOfMemoryError(
         array,
         f"{array}: the GPU ran out of memory reading a block of shape {tuple(shape)} "

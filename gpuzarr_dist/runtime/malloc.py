@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 
-import dask.config
+from gpuzarr_dist import config
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def raise_thresholds() -> bool:
 
 
 def _apply() -> bool:
-    setting = dask.config.get("gpuzarr.remote.malloc-thresholds", "auto")
-    if setting is False or str(setting).lower() in ("false", "off", "no", "0"):
+    if not config.remote_malloc_thresholds():
         return False
     chosen = chosen_by_environment()
     if chosen is not None:

@@ -9,14 +9,12 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import dask.config
-
 from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
 from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
 from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
 from gpuzarr_dist.stores.retry import describe, with_retries
 from gpuzarr_dist.errors import ChunkReadError
-from gpuzarr_dist.config import io_threads, local_reads
+from gpuzarr_dist.config import io_threads, local_reads, shard_local_reads
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.runtime.threads import io_pool, map_all
 
@@ -412,7 +410,7 @@ class LocalChunkStore(ChunkStore):
 
 def _ranges_by_kvikio() -> bool:
     """Whether ``gpuzarr.shards.local-reads`` asks for one kvikio read per piece (to compare on a GPU machine)."""
-    return dask.config.get("gpuzarr.shards.local-reads", "preadv") == "kvikio"
+    return shard_local_reads() == "kvikio"
 
 
 def _close(fds: dict[str, int | None]) -> None:

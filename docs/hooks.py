@@ -1,0 +1,125 @@
+"""mkdocs hooks: the configuration reference, and the repository's examples and cluster files.
+
+The configuration reference is generated from ``gpuzarr_dist/gpuzarr.yaml``.
+
+The defaults file is the one place every ``gpuzarr.*`` setting is declared: a flat
+mapping from the full key to ``default``, ``description`` (one line, required),
+and optionally ``choices`` and ``details`` (markdown). ``docs/configuration.md``
+holds the page's introduction and the marker line ``<!-- gpuzarr-config -->``;
+this hook replaces the marker with a table of every key and a section per key
+that has details. A key without a description, or a file that is not such a
+mapping, stops the build with an error naming the key.
+
+The folders ``examples/`` and ``cluster/`` live at the repository's root, beside
+the package, where users look for them; the build adds their files to the site
+under the same paths (``examples/README.md`` becomes a page, scripts and YAML
+files are copied), so the docs link to them and the links are checked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import yaml
+from mkdocs.structure.files import File, Files
+
+MARKER = "<!-- gpuzarr-config -->"
+PAGE = "configuration.md"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULTS = os.path.join(ROOT, "gpuzarr_dist", "gpuzarr.yaml")
+_FIELDS = {"default", "choices", "description", "details"}
+#: repository folders whose files the site carries under the same paths
+SHARED_FOLDERS = ("examples", "cluster")
+
+
+class ConfigDocError(ValueError):
+    """The defaults file cannot be turned into the configuration reference."""
+
+
+def load_defaults(path: str = DEFAULTS) -> dict[str, dict[str, Any]]:
+    """Read and check the defaults file; return ``{key: entry}`` in file order."""
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict) or not data:
+        raise ConfigDocError(f"{path}: expected a mapping of gpuzarr.* keys, got {type(data).__name__}")
+    for key, entry in data.items():
+        if not isinstance(key, str) or not key.startswith("gpuzarr."):
+            raise ConfigDocError(f"{path}: key {key!r} does not start with 'gpuzarr.'")
+        if not isinstance(entry, dict):
+            raise ConfigDocError(f"{path}: {key}: expected a mapping with default and description, got {entry!r}")
+        unknown = set(entry) - _FIELDS
+        if unknown:
+            raise ConfigDocError(f"{path}: {key}: unknown fields {sorted(unknown)} (allowed: {sorted(_FIELDS)})")
+        if "default" not in entry:
+            raise ConfigDocError(f"{path}: {key}: no default")
+        description = entry.get("description")
+        if not isinstance(description, str) or not description.strip():
+            raise ConfigDocError(f"{path}: {key}: no description (every setting needs a one-line description)")
+        if "choices" in entry and not isinstance(entry["choices"], list):
+            raise ConfigDocError(f"{path}: {key}: choices must be a list, got {entry['choices']!r}")
+        if "details" in entry and not isinstance(entry["details"], str):
+            raise ConfigDocError(f"{path}: {key}: details must be markdown text, got {entry['details']!r}")
+    return data
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        text = "None"
+    elif isinstance(v, bool):
+        text = str(v)
+    else:
+        text = str(v)
+    return f"`{text}`" if text else '`""`'
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def anchor(key: str) -> str:
+    """The heading id of a key's section: ``gpuzarr.gpu.nvcomp-api`` -> ``gpuzarr-gpu-nvcomp-api``."""
+    return re.sub(r"[^a-z0-9-]+", "-", key.lower()).strip("-")
+
+
+def render(data: dict[str, dict[str, Any]]) -> str:
+    """The markdown of the reference: one table of every key, then a section per key with details."""
+    lines = ["| key | default | choices | description |", "|---|---|---|---|"]
+    for key, entry in data.items():
+        name = f"[`{key}`](#{anchor(key)})" if entry.get("details") else f"`{key}`"
+        choices = ", ".join(_value(c) for c in entry.get("choices") or ())
+        lines.append(f"| {name} | {_value(entry['default'])} | {choices} | {_cell(entry['description'])} |")
+    detailed = [(k, e) for k, e in data.items() if e.get("details")]
+    if detailed:
+        lines += ["", "## Details"]
+        for key, entry in detailed:
+            lines += ["", f"### `{key}` {{ #{anchor(key)} }}", "", entry["details"].strip()]
+    return "\n".join(lines) + "\n"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (mkdocs' hook signature)
+    if page.file.src_uri != PAGE:
+        return markdown
+    if MARKER not in markdown:
+        raise ConfigDocError(f"docs/{PAGE} lost its marker line {MARKER}")
+    return markdown.replace(MARKER, render(load_defaults()))
+
+
+def on_serve(server, config, builder):  # noqa: ARG001
+    server.watch(DEFAULTS)
+    for folder in SHARED_FOLDERS:
+        server.watch(os.path.join(ROOT, folder))
+    return server
+
+
+def on_files(files: Files, config) -> Files:
+    for folder in SHARED_FOLDERS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, folder)):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "__")))
+            for name in sorted(filenames):
+                if name.startswith(".") or name.endswith(".pyc"):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), ROOT).replace(os.sep, "/")
+                files.append(File(rel, ROOT, config["site_dir"], config["use_directory_urls"]))
+    return files

@@ -19,6 +19,7 @@ files are copied), so the docs link to them and the links are checked.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 from typing import Any
 
@@ -98,7 +99,32 @@ def render(data: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+_LINK = re.compile(r"(\]\()([^)\s#]+)")
+
+
+def site_links(markdown: str, src_uri: str) -> str:
+    """Links of a page from ``examples/`` or ``cluster/`` into ``docs/``, rewritten for the site.
+
+    In the repository ``examples/README.md`` links ``../docs/reading.md``; in the
+    site ``docs/`` is the root, so the same page links ``../reading.md``.
+    """
+    here = posixpath.dirname(src_uri)
+
+    def fix(m: re.Match) -> str:
+        target = m.group(2)
+        if "://" in target or target.startswith(("/", "mailto:")):
+            return m.group(0)
+        resolved = posixpath.normpath(posixpath.join(here, target))
+        if not resolved.startswith("docs/"):
+            return m.group(0)
+        return m.group(1) + posixpath.relpath(resolved[len("docs/"):], here or ".")
+
+    return _LINK.sub(fix, markdown)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (mkdocs' hook signature)
+    if page.file.src_uri.startswith(tuple(f + "/" for f in SHARED_FOLDERS)):
+        return site_links(markdown, page.file.src_uri)
     if page.file.src_uri != PAGE:
         return markdown
     if MARKER not in markdown:

@@ -122,7 +122,7 @@ def site_links(markdown: str, src_uri: str) -> str:
     return _LINK.sub(fix, markdown)
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (mkdocs' hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     if page.file.src_uri.startswith(tuple(f + "/" for f in SHARED_FOLDERS)):
         return site_links(markdown, page.file.src_uri)
     if page.file.src_uri != PAGE:
@@ -132,7 +132,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
     return markdown.replace(MARKER, render(load_defaults()))
 
 
-def on_serve(server, config, builder):  # noqa: ARG001
+def on_serve(server, config, builder):
     server.watch(DEFAULTS)
     for folder in SHARED_FOLDERS:
         server.watch(os.path.join(ROOT, folder))

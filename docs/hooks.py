@@ -66,10 +66,11 @@ def load_defaults(path: str = DEFAULTS) -> dict[str, dict[str, Any]]:
 
 
 def _value(v: Any) -> str:
+    """A default or choice as the YAML file spells it (``null``, ``true``), in code style."""
     if v is None:
-        text = "None"
+        text = "null"
     elif isinstance(v, bool):
-        text = str(v)
+        text = "true" if v else "false"
     else:
         text = str(v)
     return f"`{text}`" if text else '`""`'

@@ -349,6 +349,8 @@ def start_cluster(
     **kwargs
         Passed on to ``LocalCUDACluster`` / ``LocalCluster``.
 
+    Notes
+    -----
     The returned client owns the cluster it started: ``client.close()`` (or
     leaving ``with start_cluster() as client:``) shuts the workers down.
     """

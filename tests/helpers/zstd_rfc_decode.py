@@ -1,9 +1,10 @@
 """A small RFC 8878 zstd decoder in pure Python that notes what is unusual in a frame (not for speed).
 
-Used by ``tools/gpu_replay_zstd.py`` to characterise damaged frames: it reads bits below the start of a
+Used by ``dev/replay_zstd.py`` to characterise damaged frames: it reads bits below the start of a
 backward bit stream as zeros (as the RFC describes the stream) and notes every Huffman literal stream and
 sequences bit stream that is not used up exactly, block sizes above the maximum, offsets beyond the window.
-Raises :class:`Corrupt` where a frame cannot be decoded at all. Checked against libzstd on valid frames.
+Raises :class:`Corrupt` where a frame cannot be decoded at all. ``tests/test_zstd_rfc_decode.py`` checks it
+against libzstd on valid frames.
 """
 
 LL_BASE = [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,18,20,22,24,28,32,40,48,64,128,256,512,1024,2048,4096,8192,16384,32768,65536]

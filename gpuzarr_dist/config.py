@@ -103,8 +103,8 @@ or the environment variable ``DASK_GPUZARR__BLOCK_SIZE__GPU="1 GiB"``.
     share the host's bandwidth and all blocks land together, late, so the GPU
     idles first and the reads idle later. One at a time, the first block
     lands after its own read and decodes while the next ones are read.
-    Default 1. Measured on one H100: ``tools/gpu_probe_timeline.py`` (2400
-    ERA5-like steps, blocks of 225 chunks, 16 threads) 15.07 GB/s with every
+    Default 1. Measured on one H100 (2400 ERA5-like steps, blocks of 225
+    chunks, 16 threads): 15.07 GB/s with every
     block reading at once (the first block's reads took 378 ms, against 20-35
     ms alone) and 19.70 with one slot; ``bench read --time-steps 1200
     --read-slots 0`` (same run) 13.08 GB/s with every block at once and 15.98
@@ -413,10 +413,10 @@ def zstd_check() -> str:
     each Huffman stream of a block in ``literals``, four threads a block
     sharing its table in shared memory) between a plan and a combine per
     frame, with the one-thread walk's verdicts. Measured on one H100
-    (``tools/gpu_check_zstd9.py --chunks 225``, ERA5-like chunks of 4.15 MB):
+    (batches of 225 ERA5-like chunks of 4.15 MB):
     walk 2.3-2.8 ms (headers), 11.0-11.6 ms (sequences), 19.1-21.2 ms
     (literals), against 53-62 ms for the batch's ``decode_batch_gpu``. In
-    the GPU fuzz (``tools/gpu_fuzz.py``, damaged chunks over 18 codec
+    the GPU fuzz (``dev/gpu_fuzz.py``, damaged chunks over 18 codec
     chains) ``literals`` had no wrong value, crash or hang in 132,000 cases;
     ``sequences`` let 72 of 60,000 zstd frames decode to other bytes than
     libzstd's (61 that libzstd also decodes, to other bytes, 11 that it

@@ -334,7 +334,7 @@ def selected_rows(rows: str | None) -> list[str]:
 
 #: time steps of the GPU default: 9.3 GiB, so allowed_mem (a tenth) is 0.93 GiB, a per-task budget a GPU
 #: job would give. At 400 steps (158 MiB) the variant's blocks were 17 MB, which this machine's read path
-#: turns into 3.7-5.0 GB/s against 12-12.8 for the dask path's 415 MB blocks (tools/gpu_probe_blocks.py).
+#: turns into 3.7-5.0 GB/s against 12-12.8 for the dask path's 415 MB blocks.
 GPU_STEPS = 2400
 
 

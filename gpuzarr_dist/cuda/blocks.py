@@ -143,7 +143,7 @@ def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shap
 #: once per row (64-bit, the other axes), each element's along the last axis in ``U`` (32-bit unless that axis
 #: is too long). Session 23's kernel, one thread per element working out every axis with 64-bit divisions
 #: (nine per element of a 3-d block), placed a (96, 721, 1440) float32 block of 256 KiB or 1 MiB inner chunks
-#: in 1.36 ms; this one in 0.50 ms (H100, alone, ``tools/gpu_probe_place.py``).
+#: in 1.36 ms; this one in 0.50 ms (H100, alone).
 _PLACE_SRC = r"""
 extern "C" __global__ void place_rows(const T* chunks, T* out, long long rows, int nd, const long long* dims,
                                       long long tile_stride) {

@@ -45,7 +45,7 @@ ZSTD_SLOT_BYTES = 232
 #: One thread a CUDA block with its tables in shared memory walks one batch as fast, but sixteen threads'
 #: batches at once (copy, walk and nvCOMP, 112 / 225 chunks of 4.15 MB, H200, session 16) ran at 28.2 / 30.1
 #: GB/s against 30.0-30.1 / 32.6-32.8 with 128 threads a CUDA block and the tables in local memory
-#: (``tools/gpu_probe_decode_stage.py --kernel``): fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
+#: (the decode stage timed alone): fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
 ZSTD_BLOCK_THREADS = 128
 ZSTD_LANE_SHARED = 0
 
@@ -56,7 +56,7 @@ ZSTD_LIT_SLOTS = 4
 
 #: whether the literals walk runs on the thread's second stream (:func:`..runtime.cuda.thread_side_stream`),
 #: beside the sequences walk instead of after it: both need only the plan, and write other fields of a slot.
-#: Sixteen threads, 112 chunks of 4.15 MB (H200, session 17, ``tools/gpu_probe_decode_stage.py``, same
+#: Sixteen threads, 112 chunks of 4.15 MB (H200, the decode stage timed alone, same
 #: call): the walk alone 97.9 GB/s against 75.0 after it, walk + nvCOMP 36.3 against 31.3, the whole device
 #: stage 33.4 against 28.0. Costs add up on the GPU: walk and nvCOMP do not overlap, copies do.
 ZSTD_WALK_FORK = True

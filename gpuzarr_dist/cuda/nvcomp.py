@@ -1,7 +1,7 @@
 """nvCOMP's batched C API through ctypes: decode calls that let other threads run and do not wait for the GPU.
 
 nvCOMP's Python ``Codec.decode`` holds the GIL until its GPU work is done.
-Measured on one H200 (session 15, ``tools/gpu_probe_nvcomp_calls.py``): a
+Measured on one H200: a
 Python thread counting beside a 56-frame zstd decode ran at 26% of its idle
 rate, and 4, 8 and 16 threads each calling ``decode`` reached 11.6-12.2 GB/s
 in all, no more than one thread. A ctypes call releases the GIL, and
@@ -180,7 +180,7 @@ def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
 def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
     """The device scratch nvCOMP asks for to encode ``n`` chunks of at most ``nbytes`` bytes in one call.
 
-    Measured on an H200 (nvCOMP 6.0, ``tools/gpu_probe_encode_scratch.py``):
+    Measured on an H200 (nvCOMP 6.0):
     Zstd 1133 MB for one 4.17 MB chunk, 1316 MB for 28, 2652 MB for 225
     (about 1.13 GB whatever the call, plus 1.35 bytes per input byte);
     Deflate 9 bytes per input byte, nothing fixed.

@@ -99,8 +99,6 @@ def main() -> int:
                 return orig(self, sel)
 
             from gpuzarr_dist.array import write
-
-
             from gpuzarr_dist.cuda import write as write_gpu
             blocks: dict[str, dict] = {}
             gpu_encodes = []

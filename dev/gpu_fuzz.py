@@ -108,6 +108,7 @@ def _environ() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + path if path else ""))
 
+
 # --------------------------------------------------------------------------- chains
 
 #: chain name -> compressor, outer crc32c, dtype, chunk shape, damaged chunks per batch.

@@ -13,15 +13,11 @@ frame" in the GPU fuzz run).
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import types
 
 import numpy as np
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 try:
     import cupy  # noqa: F401
@@ -103,7 +99,7 @@ def gpu(monkeypatch):
 
 
 def _batch(chain: str, chunks: list[bytes]):
-    import gpu_fuzz as gf
+    from dev import gpu_fuzz as gf
 
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
     from gpuzarr_dist.stores.base import staging_layout
@@ -118,7 +114,7 @@ def _batch(chain: str, chunks: list[bytes]):
 
 
 def _good(chain: str) -> list[bytes]:
-    import gpu_fuzz as gf
+    from dev import gpu_fuzz as gf
 
     return gf.Pools(20261122).good[chain][:3]
 

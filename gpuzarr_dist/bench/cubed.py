@@ -333,7 +333,7 @@ def selected_rows(rows: str | None) -> list[str]:
 
 #: time steps of the GPU default: 9.3 GiB, so allowed_mem (a tenth) is 0.93 GiB, a per-task budget a GPU
 #: job would give. Smaller arrays give the variant blocks of a few tens of MB, which the read path decodes
-#: at a fraction of the rate of the dask path's blocks (tools/gpu_probe_blocks.py).
+#: at a fraction of the rate of the dask path's blocks.
 GPU_STEPS = 2400
 
 

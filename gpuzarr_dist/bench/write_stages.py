@@ -1,6 +1,6 @@
 """Where a ``to_zarr_gpu`` block's time goes: each stage of one block's write timed alone, then thread scaling.
 
-Used by ``gpuzarr-dist bench write`` and ``tools/gpu_probe_write.py``. Stages,
+Used by ``gpuzarr-dist bench write``. Stages,
 for one block on one thread (best of 3, the stream synchronised after each):
 
 - ``chunk grid``: the block cut into its chunks, one contiguous ``(n, *chunk)`` array (a copy kernel on the GPU);

@@ -142,7 +142,7 @@ def _place_parts(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chunk_shap
 #: one CUDA block per row of the block's last axis at a time: the row's chunk and its place in it are worked out
 #: once per row (64-bit, the other axes), each element's along the last axis in ``U`` (32-bit unless that axis
 #: is too long): about 2.7 times faster than one thread per element working out every axis with 64-bit
-#: divisions (``tools/gpu_probe_place.py``).
+#: divisions.
 _PLACE_SRC = r"""
 extern "C" __global__ void place_rows(const T* chunks, T* out, long long rows, int nd, const long long* dims,
                                       long long tile_stride) {

@@ -1,8 +1,7 @@
 """nvCOMP's batched C API through ctypes: decode calls that let other threads run and do not wait for the GPU.
 
 nvCOMP's Python ``Codec.decode`` holds the GIL until its GPU work is done,
-so several threads calling it decode no faster in all than one
-(``tools/gpu_probe_nvcomp_calls.py``). A ctypes call releases the GIL, and
+so several threads calling it decode no faster in all than one. A ctypes call releases the GIL, and
 ``nvcompBatched<Algorithm>DecompressAsync`` only queues kernels on the
 caller's stream, so the decodes of several threads run on the GPU side by
 side, and the thread itself waits (stream synchronisation, GIL released) only
@@ -178,7 +177,7 @@ def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
 def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
     """The device scratch nvCOMP asks for to encode ``n`` chunks of at most ``nbytes`` bytes in one call.
 
-    With nvCOMP 6.0 (``tools/gpu_probe_encode_scratch.py``): Zstd about
+    With nvCOMP 6.0: Zstd about
     1.13 GB whatever the call, plus 1.35 bytes per input byte; Deflate 9
     bytes per input byte, nothing fixed.
     """

@@ -4,8 +4,7 @@ CuPy's pinned pool hands a freed buffer only to a later request of exactly
 its size. A GPU block's staging buffer is rounded up to a power of two, so
 blocks of another size (a different ``chunks=``, the last block of an array,
 another array) would find no free buffer and pin new memory, 100-230 ms
-for each new 512 MiB or 1 GiB buffer inside a block's read turn
-(``tools/gpu_probe_timeline.py``). Here a
+for each new 512 MiB or 1 GiB buffer inside a block's read turn. Here a
 request takes the smallest free buffer that holds it and is at most
 :data:`REUSE_FACTOR` times its own size class, and pins a new one only when
 none does.

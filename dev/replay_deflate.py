@@ -1,17 +1,16 @@
-#!/usr/bin/env python3
 """The GPU fuzz's deflate cases through the deflate walk, built for the host: what it keeps from nvCOMP.
 
-For every case of ``tools/gpu_fuzz.py`` (same seed, same case generation) on a
+For every case of ``dev/gpu_fuzz.py`` (same seed, same case generation) on a
 chain whose data nvCOMP's Deflate decodes (zlib, gzip, zlib+crc32c,
 gzip+crc32c, blosc-zlib), the damaged chunk goes through what the GPU path
 does before nvCOMP, on the CPU: the outer crc32c, Blosc's frame checks
 (:func:`plan_frames`), then the deflate walk of ``gpuzarr_dist.cuda.deflate_walk``
-compiled with g++ (``tools/deflate_walk_host.py``) on each zlib / gzip stream.
+compiled with g++ (``tests/helpers/deflate_walk_host.py``) on each zlib / gzip stream.
 Streams that pass it are checked as the device does after the decode (adler32,
 or CRC-32 and size). Each verdict is compared with the reference decoders
 (``gpu_fuzz.reference_decode``: google-crc32c, numcodecs). No GPU needed::
 
-    python3 tools/deflate_walk_replay.py --cases 12000 --seed 20261122
+    python3 -m dev.replay_deflate --cases 12000 --seed 20261122
 
 Prints counts per chain and exits 1 if the walk rejects a chunk the reference
 decodes, or if a chunk the reference rejects passes the walk and the checksums.
@@ -21,20 +20,17 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import sys
 import tempfile
 import zlib
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_fuzz as gf  # noqa: E402  (puts the repository first on sys.path)
-from deflate_walk_host import HostKernels  # noqa: E402
-
-from gpuzarr_dist.codecs import blosc_frames as bf  # noqa: E402
-from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB, walk_reason  # noqa: E402
-from gpuzarr_dist.errors import ChunkDecodeError  # noqa: E402
+from dev import gpu_fuzz as gf
+from gpuzarr_dist.codecs import blosc_frames as bf
+from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB, walk_reason
+from gpuzarr_dist.errors import ChunkDecodeError
+from tests.helpers.deflate_walk_host import HostKernels
 
 CHAINS = ("zlib", "gzip", "zlib+crc32c", "gzip+crc32c", "blosc-zlib")
 DEFERRED = (-22, -4)  # to the CPU decoder, which may accept them (bytes after the end; gzip reserved flags)
@@ -112,7 +108,7 @@ def verdict(host: HostKernels, chain: str, data: bytes, cpu_ok: bool) -> tuple[s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dev.replay_deflate", description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=12000)
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--show", type=int, nargs="*", default=[], help="print the verdict of these cases")

@@ -1,6 +1,8 @@
 """GPU smoke check of gpuzarr_dist.cubed (run on a GPU machine; exits nonzero on failure).
 
-    python tools/gpu_check_cubed.py
+Run by ``tests/test_cubed.py``'s GPU test, or from the repository root::
+
+    python -m tests.helpers.cubed_gpu_check
 
 Checks, in this fresh process (cubed's backend is fixed at its import):
 cubed gets the cupy backend; from_zarr_gpu gives cupy blocks equal to
@@ -97,8 +99,6 @@ def main() -> int:
                 return orig(self, sel)
 
             from gpuzarr_dist.array import write
-
-
             from gpuzarr_dist.cuda import write as write_gpu
             blocks: dict[str, dict] = {}
             gpu_encodes = []

@@ -1,23 +1,23 @@
-#!/usr/bin/env python3
-"""Replay issue 9's zstd fuzz failures on the GPU: the damaged frames nvCOMP and libzstd disagree on, and the
-two batches whose error named a good chunk. Cases are re-made from ``(seed, case)`` by ``tools/gpu_fuzz.py``.
+"""Replay GPU fuzz cases through the zstd decoders: damaged frames nvCOMP and libzstd disagree on, and batches
+whose error named a good chunk. Cases are re-made from ``(seed, case)`` by ``dev/gpu_fuzz.py``.
 
 Usage (from the repository root)::
 
-    python3 tools/gpu_replay_zstd.py                 # on a GPU machine
-    python3 tools/gpu_replay_zstd.py --device cpu    # dry run: the CPU pipeline stands in for decode_batch_gpu
+    python3 -m dev.replay_zstd                 # on a GPU machine
+    python3 -m dev.replay_zstd --device cpu    # dry run: the CPU pipeline stands in for decode_batch_gpu
 
-**Disagreements** (``--cases``, default 2017 2258 2799 2958 4699 6059): every damaged zstd frame of a case
+**Disagreements** (``--cases``; the default lists cases of the default seed whose damaged frames nvCOMP and
+libzstd decode differently): every damaged zstd frame of a case
 (for Blosc chains, each damaged zstd stream inside the frame) is decoded alone through ``decode_batch_gpu``
 with ``gpuzarr.gpu.zstd-check`` = ``sequences`` (so it reaches nvCOMP, as in the fuzz run), through libzstd
-(numcodecs) and through ``tools/zstd_rfc_decode.py`` (the RFC's reading, with its notes, e.g. a Huffman stream
-not used up exactly). Per frame it prints the first differing offset and the count of differing bytes for
+(numcodecs) and through ``tests/helpers/zstd_rfc_decode.py`` (the RFC's reading, with its notes, e.g. a Huffman
+stream not used up exactly). Per frame it prints the first differing offset and the count of differing bytes for
 each pair, and the walk's verdict on the host build (if a C++ compiler is found) in each mode. Then the whole
 chunk goes through the harness's batch (``--zstd-check literals``) and is judged as the fuzz harness judges it.
 
-**Misattributions** (``--batches``, default 4045 6065): the cases of the fuzz lane from its first case up to
-the misattributed one are decoded in order in this process, as the lane's child did, ``--repeat`` times; each
-error is printed with the chunk it names and the chunk the host walk blames. ``--race-demo`` also launches the
+**Misattributions** (``--batches``; the default lists two cases of the default seed): the cases of the fuzz
+lane from its first case up to the misattributed one are decoded in order in this process, as the lane's child
+did, ``--repeat`` times; each error is printed with the chunk it names and the chunk the host walk blames. ``--race-demo`` also launches the
 zstd walk on a second non-blocking stream right after queuing the upload on the first (no ordering between
 them): the errors that gives show what an unordered walk reports.
 
@@ -34,14 +34,12 @@ import tempfile
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from dev import gpu_fuzz as gf
+from tests.helpers import zstd_rfc_decode as rfc
 
-import gpu_fuzz as gf  # noqa: E402
-import zstd_rfc_decode as rfc  # noqa: E402
-
+#: cases of seed 20261122 whose damaged zstd frames nvCOMP and libzstd decode differently
 DISAGREE = [2017, 2258, 2799, 2958, 4699, 6059]
+#: cases of seed 20261122 (12000 cases, 6 lanes) whose batch once raised an error naming a good chunk
 MISATTRIBUTED = [4045, 6065]
 
 
@@ -84,16 +82,16 @@ def diff(a: bytes | None, b: bytes | None) -> str:
 
 
 class HostWalk:
-    """``ZSTD_FRAMES_SRC`` built with the host C++ compiler (``zstd_walk_host``, as the tests build it)."""
+    """``ZSTD_FRAMES_SRC`` built with the host C++ compiler (``tests.helpers.zstd_walk_host``, as the tests build it)."""
 
     def __init__(self):
-        from zstd_walk_host import build_walk
+        from tests.helpers.zstd_walk_host import build_walk
 
         self.tmp = tempfile.mkdtemp(prefix="zstd_walk_")
         self.exe = build_walk(self.tmp, sanitize=False, opt="-O2")
 
     def __call__(self, frames: list[bytes], mode: int) -> list[tuple[int, int, int]] | None:
-        from zstd_walk_host import run_walk
+        from tests.helpers.zstd_walk_host import run_walk
 
         return None if self.exe is None else run_walk(self.exe, frames, mode)
 
@@ -294,7 +292,7 @@ def race_demo(chunks: list[bytes], repeat: int, nbytes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dev.replay_zstd", description=__doc__.split("\n")[0])
     p.add_argument("--device", choices=["gpu", "cpu"], default="gpu")
     p.add_argument("--seed", type=int, default=20261122)
     p.add_argument("--cases", type=int, nargs="*", default=DISAGREE)
@@ -321,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             report["misattributions"].append(replay_misattributed(args, dec, walk, i))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "gpu_replay_zstd.json"), "w") as f:
+        with open(os.path.join(args.out, "replay_zstd.json"), "w") as f:
             json.dump(report, f, indent=1, default=str)
     return 0
 

@@ -4,10 +4,10 @@ The CUDA sources are plain C apart from the CUDA markers, so a host C++
 compiler (with AddressSanitizer where it has one, so that a read outside a
 stream fails the run) builds the very source the GPU runs. One process
 handles many streams over stdin, each in its own exact-size heap buffer.
-Used by ``tests/test_deflate_walk.py`` and ``tools/deflate_walk_replay.py``;
-no GPU needed::
+Used by ``tests/test_deflate_walk.py``, ``tests/test_gpu_deflate.py`` and
+``dev/replay_deflate.py``; no GPU needed::
 
-    from deflate_walk_host import HostKernels
+    from tests.helpers.deflate_walk_host import HostKernels
     k = HostKernels.build("/tmp/dw")          # None without g++ / clang++
     k.walk([zlib.compress(b"abc")], wrap=1, limits=[3])   # -> [(3, 11)]
     k.adler32([b"abc"], seg=4096)             # -> [zlib.adler32(b"abc")]
@@ -19,13 +19,10 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import threading
 from collections.abc import Sequence
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gpuzarr_dist.cuda.deflate_walk import ADLER32_SRC, DEFLATE_WALK_SRC  # noqa: E402
+from gpuzarr_dist.cuda.deflate_walk import ADLER32_SRC, DEFLATE_WALK_SRC
 
 HARNESS = r"""
 #include <cstdio>

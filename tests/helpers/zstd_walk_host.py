@@ -4,10 +4,10 @@ The CUDA source is plain C apart from the CUDA markers, so a host C++
 compiler (with AddressSanitizer and UBSan where it has them, so that a read
 outside a frame fails the run) builds the very source the GPU runs. One
 process walks many frames read from stdin, each in its own exact-size heap
-buffer. Used by ``tests/test_zstd_walk.py`` and ``tools/gpu_replay_zstd.py``;
+buffer. Used by ``tests/test_zstd_walk.py`` and ``dev/replay_zstd.py``;
 no GPU needed::
 
-    from zstd_walk_host import build_walk, run_walk
+    from tests.helpers.zstd_walk_host import build_walk, run_walk
     exe = build_walk("/tmp/zw")                 # None without g++ / clang++
     run_walk(exe, [frame], mode=1)              # -> [(stated size, frame length, deep code)]
 """
@@ -18,11 +18,8 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gpuzarr_dist.cuda.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES  # noqa: E402
+from gpuzarr_dist.cuda.kernels import ZSTD_FRAMES_SRC, ZSTD_SLOT_BYTES
 
 #: what makes the CUDA source plain C++ (one thread: the launch indices are globals the caller sets)
 PREAMBLE = r"""

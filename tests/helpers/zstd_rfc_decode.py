@@ -1,9 +1,10 @@
 """A small RFC 8878 zstd decoder in pure Python that notes what is unusual in a frame (not for speed).
 
-Used by ``tools/gpu_replay_zstd.py`` to characterise damaged frames: it reads bits below the start of a
+Used by ``dev/replay_zstd.py`` to characterise damaged frames: it reads bits below the start of a
 backward bit stream as zeros (as the RFC describes the stream) and notes every Huffman literal stream and
 sequences bit stream that is not used up exactly, block sizes above the maximum, offsets beyond the window.
-Raises :class:`Corrupt` where a frame cannot be decoded at all. Checked against libzstd on valid frames.
+Raises :class:`Corrupt` where a frame cannot be decoded at all. ``tests/test_zstd_rfc_decode.py`` checks it
+against libzstd on valid frames.
 """
 
 LL_BASE = [0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,18,20,22,24,28,32,40,48,64,128,256,512,1024,2048,4096,8192,16384,32768,65536]
@@ -59,7 +60,8 @@ def ncount(q, maxs, maxal):
     while remaining > 1:
         if prev0:
             while True:
-                rep = fwd_bits(q, bp, 2); bp += 2
+                rep = fwd_bits(q, bp, 2)
+                bp += 2
                 norm += [0] * rep
                 if rep != 3:
                     break
@@ -68,7 +70,8 @@ def ncount(q, maxs, maxal):
         mx = (2 * threshold - 1) - remaining
         v = fwd_bits(q, bp, nb)
         if (v & (threshold - 1)) < mx:
-            count = v & (threshold - 1); bp += nb - 1
+            count = v & (threshold - 1)
+            bp += nb - 1
         else:
             count = v & (2 * threshold - 1)
             if count >= threshold:
@@ -81,7 +84,8 @@ def ncount(q, maxs, maxal):
         norm.append(count)
         prev0 = count == 0
         while remaining < threshold:
-            nb -= 1; threshold >>= 1
+            nb -= 1
+            threshold >>= 1
     if bp > 8 * len(q):
         raise Corrupt("fse: past end")
     return norm, al, (bp + 7) >> 3
@@ -94,7 +98,9 @@ def fse_build(norm, al):
     nxt = [0] * len(norm)
     for s, c in enumerate(norm):
         if c == -1:
-            sym[high] = s; high -= 1; nxt[s] = 1
+            sym[high] = s
+            high -= 1
+            nxt[s] = 1
         else:
             nxt[s] = max(c, 0)
     step, pos = (size >> 1) + (size >> 3) + 3, 0
@@ -107,7 +113,8 @@ def fse_build(norm, al):
     table = []
     for u in range(size):
         s = sym[u]
-        ns = nxt[s]; nxt[s] += 1
+        ns = nxt[s]
+        nxt[s] += 1
         nb = al - (ns.bit_length() - 1)
         table.append((s, nb, (ns << nb) - size))
     return table, al
@@ -131,12 +138,16 @@ def huf_weights(q):
         s1, s2 = bs.read(al), bs.read(al)
         w = []
         while True:
-            w.append(t[s1][0]); s1 = t[s1][2] + bs.read(t[s1][1])
+            w.append(t[s1][0])
+            s1 = t[s1][2] + bs.read(t[s1][1])
             if bs.pos < 0:
-                w.append(t[s2][0]); break
-            w.append(t[s2][0]); s2 = t[s2][2] + bs.read(t[s2][1])
+                w.append(t[s2][0])
+                break
+            w.append(t[s2][0])
+            s2 = t[s2][2] + bs.read(t[s2][1])
             if bs.pos < 0:
-                w.append(t[s1][0]); break
+                w.append(t[s1][0])
+                break
             if len(w) > 255:
                 raise Corrupt("huf: too many weights")
         used = 1 + cs
@@ -258,11 +269,14 @@ def block(q, out, st, bmax, window, notes, bi, frame_start):
         lkind = ("huffman" if ltype == 2 else "treeless") + ("x4" if four else "x1")
     if lit > bmax:
         notes.append(f"block {bi}: literals {lit} > block max {bmax}")
-    s0 = q[pos]; pos += 1
+    s0 = q[pos]
+    pos += 1
     if s0 == 255:
-        nseq = q[pos] + (q[pos + 1] << 8) + 0x7F00; pos += 2
+        nseq = q[pos] + (q[pos + 1] << 8) + 0x7F00
+        pos += 2
     elif s0 >= 128:
-        nseq = ((s0 - 128) << 8) + q[pos]; pos += 1
+        nseq = ((s0 - 128) << 8) + q[pos]
+        pos += 1
     else:
         nseq = s0
     info = {"block": bi, "literals": lkind, "nlit": lit, "nseq": nseq}
@@ -270,7 +284,8 @@ def block(q, out, st, bmax, window, notes, bi, frame_start):
     if nseq == 0:
         out += literals
         return info
-    modes = q[pos]; pos += 1
+    modes = q[pos]
+    pos += 1
     if modes & 3:
         notes.append(f"block {bi}: reserved bits in the sequences modes byte")
     for kind in range(3):
@@ -301,7 +316,8 @@ def block(q, out, st, bmax, window, notes, bi, frame_start):
                 raise Corrupt(f"block {bi} seq {k}: repeat offset {off}")
         if lp + llv > len(literals):
             raise Corrupt(f"block {bi} seq {k}: literal length past the literals")
-        out += literals[lp : lp + llv]; lp += llv
+        out += literals[lp : lp + llv]
+        lp += llv
         have = len(out) - frame_start
         if off > have:
             raise Corrupt(f"block {bi} seq {k}: offset {off} before the frame start ({have} bytes decoded)")
@@ -350,15 +366,18 @@ def decode(frame: bytes, strict=False):
     blocks = []
     bi = 0
     while True:
-        h = int.from_bytes(q[pos : pos + 3], "little"); pos += 3
+        h = int.from_bytes(q[pos : pos + 3], "little")
+        pos += 3
         kind, bsize, last = (h >> 1) & 3, h >> 3, h & 1
         if bsize > bmax and kind != 1:
             notes.append(f"block {bi}: size {bsize} > block max {bmax}")
         if kind == 0:
-            out += q[pos : pos + bsize]; pos += bsize
+            out += q[pos : pos + bsize]
+            pos += bsize
             blocks.append({"block": bi, "type": "raw", "size": bsize})
         elif kind == 1:
-            out += bytes([q[pos]]) * bsize; pos += 1
+            out += bytes([q[pos]]) * bsize
+            pos += 1
             blocks.append({"block": bi, "type": "rle", "size": bsize})
         elif kind == 2:
             start = len(out)

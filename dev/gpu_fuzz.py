@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Fuzz the batched GPU decoders with random and mutated chunks; count every outcome; survive crashes.
 
 Usage (on a machine with a GPU, from the repository root)::
 
-    timeout 260 python3 tools/gpu_fuzz.py --cases 12000 --time 240 --sanitize 3 --out "$OUT/fuzz"
-    python3 tools/gpu_fuzz.py --device cpu --cases 300 --out /tmp/fuzz   # the same harness, CPU decoding
-    compute-sanitizer --tool memcheck python3 tools/gpu_fuzz.py --replay "$OUT/fuzz/crash-123.json"
+    timeout 260 python3 -m dev.gpu_fuzz --cases 12000 --time 240 --sanitize 3 --out "$OUT/fuzz"
+    python3 -m dev.gpu_fuzz --device cpu --cases 300 --out /tmp/fuzz   # the same harness, CPU decoding
+    compute-sanitizer --tool memcheck python3 -m dev.gpu_fuzz --replay "$OUT/fuzz/crash-123.json"
 
 **Cases.** Case ``i`` is a function of ``(--seed, i)`` alone: its codec chain
 comes from its position in a fixed round over the chains, and a generator
@@ -93,8 +92,22 @@ import zlib
 
 import numpy as np
 
+#: the folder that holds ``dev/`` (the repository root)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+#: how children and replays start this harness
+MODULE = "dev.gpu_fuzz"
+
+
+def _command(*args: str) -> list[str]:
+    """A command line that runs this harness in a new process (``python -m dev.gpu_fuzz ARGS``)."""
+    return [sys.executable, "-m", MODULE, *args]
+
+
+def _environ() -> dict[str, str]:
+    """This process's environment with the repository root first on ``PYTHONPATH``: children import this checkout."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=ROOT + (os.pathsep + path if path else ""))
+
 
 # --------------------------------------------------------------------------- chains
 
@@ -611,9 +624,9 @@ class Supervisor:
         self.has_sanitizer = bool(args.sanitize) and sanitizer() is not None
 
     def spawn(self) -> subprocess.Popen:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", "--journal", self.journal,
-               "--device", self.args.device, "--seed", str(self.args.seed), "--zstd-check", self.args.zstd_check]
-        return subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True)
+        cmd = _command("--child", "--journal", self.journal, "--device", self.args.device,
+                       "--seed", str(self.args.seed), "--zstd-check", self.args.zstd_check)
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, text=True, env=_environ())
 
     def top_up(self) -> None:
         while len(self.standbys) < self.args.standby:
@@ -734,7 +747,7 @@ class Supervisor:
         meta = {k: v for k, v in case.items() if k != "data"}
         meta.update(seed=self.args.seed, layout=layout, returncode=str(rc), lost=lost, nbytes=len(case["data"]),
                     chain_config=CHAINS[case["chain"]], device=self.args.device,
-                    replay=f"python3 tools/gpu_fuzz.py --replay {stem}.json --device {self.args.device}",
+                    replay=f"python3 -m {MODULE} --replay {stem}.json --device {self.args.device}",
                     data_hex=case["data"].hex())  # the .json alone replays it (the .bin may not travel)
         self.crash_meta.append(meta)
         with open(stem + ".json", "w") as f:
@@ -805,10 +818,9 @@ class Lanes:
 
 
 def summary_line(counts: collections.Counter, by_check: collections.Counter, n: int, chains: int) -> str:
-    """One line with the figures issue 9 asks for (cases, chains, rejected by the zstd / deflate walks, errors, failures)."""
-    from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS
-
+    """The run in one line: cases, chains, rejected by the zstd / deflate walks, reported errors, wrong values, crashes."""
     from gpuzarr_dist.cuda.deflate_walk import DEFLATE_WALK_REASONS, walk_reason
+    from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS
 
     walk = {_category(r) for r in ZSTD_DEEP_REASONS.values()}
     by_walk = sum(v for k, v in by_check.items() if k in walk)
@@ -930,10 +942,10 @@ def sanitize(crashes: list[str], n: int, device: str, budget: float) -> list[dic
     for j, path in enumerate(chosen):
         each = budget / (len(chosen) - j)
         t = time.time()
-        cmd = [tool, "--tool", "memcheck", "--print-limit", "5", sys.executable, os.path.abspath(__file__),
-               "--replay", path, "--device", device, "--zstd-check", os.environ.get(ZSTD_CHECK_ENV, "literals")]
+        cmd = [tool, "--tool", "memcheck", "--print-limit", "5",
+               *_command("--replay", path, "--device", device, "--zstd-check", os.environ.get(ZSTD_CHECK_ENV, "literals"))]
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5.0, each))
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(5.0, each), env=_environ())
             text, rc = p.stdout + p.stderr, p.returncode
         except subprocess.TimeoutExpired as e:
             text, rc = f"{(e.stdout or b'')!s}{(e.stderr or b'')!s}\n(timed out after {each:.0f} s)", "timeout"
@@ -998,7 +1010,7 @@ def _print(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m dev.gpu_fuzz", description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=12000)
     p.add_argument("--time", type=float, default=190.0, help="seconds for the whole run, --sanitize included")
     p.add_argument("--seed", type=int, default=20261122)

@@ -163,7 +163,7 @@ def test_writer_keyword_lists_match_both_signatures():
     """The one list of keywords ``to_zarr_gpu`` hands to the Dataset writer is what both functions take."""
     import inspect
 
-    from gpuzarr_dist.array.write import ARRAY_ONLY_KEYWORDS, DATASET_KEYWORDS, to_zarr_gpu
+    from gpuzarr_dist.api import ARRAY_ONLY_KEYWORDS, DATASET_KEYWORDS, to_zarr_gpu
     from gpuzarr_dist.xarray.write import dataset_to_zarr_gpu
 
     def kwonly(fn):

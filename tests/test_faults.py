@@ -211,7 +211,7 @@ def test_gpu_out_of_memory_retries_once_after_releasing_the_pool(request, monkey
         calls.append(pool.cached)
         if len(calls) <= fails:
             raise OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes")
-        return reader._read_plan_cpu(plan)  # the right values, from the CPU path
+        return reader.read_plan_cpu(plan)  # the right values, from the CPU path
 
     fake.read_plan_gpu = read_plan_gpu
     monkeypatch.setitem(sys.modules, "gpuzarr_dist.cuda.blocks", fake)

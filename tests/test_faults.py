@@ -15,7 +15,7 @@ import pytest
 import zarr.codecs as zc
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.stores import local
+from gpuzarr_dist.cuda import files as cufiles
 from gpuzarr_dist.stores.local import LocalChunkStore
 from gpuzarr_dist.stores.retry import is_transient, with_retries
 from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
@@ -65,7 +65,7 @@ class Faults:
 
         monkeypatch.setattr(LocalChunkStore, "_read_file", fake_read_file)
         monkeypatch.setattr(LocalChunkStore, "_pread", fake_pread)
-        monkeypatch.setattr(local, "_kvikio", lambda: None)  # the GPU path reads with preadv here too
+        monkeypatch.setattr(cufiles, "cufile", lambda: None)  # the GPU path reads with preadv here too
 
 
 def eio() -> OSError:

@@ -35,9 +35,9 @@ def _stored(path: str) -> int:
 
 
 def _data(steps: int) -> np.ndarray:
-    from gpuzarr_dist.demo import _Field, _slabs
+    from gpuzarr_dist.synthetic import Field, slabs
 
-    return np.concatenate(list(_slabs(_Field(seed=0), steps)))
+    return np.concatenate(list(slabs(Field(seed=0), steps)))
 
 
 def _sync(device: str) -> None:

@@ -89,9 +89,9 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool 
 
 def _meta(dtype: np.dtype, ndim: int, device: str) -> Any:
     if device == "gpu":
-        import cupy
+        from gpuzarr_dist.cuda.device import device_empty
 
-        return cupy.empty((0,) * ndim, dtype=dtype)
+        return device_empty((0,) * ndim, dtype)
     return np.empty((0,) * ndim, dtype=dtype)
 
 

@@ -149,45 +149,13 @@ class _TracemallocMeasure(_Measure):
         self.peak = max(0, tracemalloc.get_traced_memory()[1] - self._base)
 
 
-_hook_cls: Any = None
-
-
-def _gpu_hook_class() -> Any:
-    global _hook_cls
-    if _hook_cls is None:
-        from cupy.cuda import memory_hook
-
-        class ThreadPeakHook(memory_hook.MemoryHook):
-            """Counts what this thread takes from and gives back to CuPy's pool (hooks are thread-local)."""
-
-            name = "gpuzarr-cubed-peak"
-
-            def __init__(self) -> None:
-                self.live: dict[int, int] = {}
-                self.current = 0
-                self.peak = 0
-
-            def malloc_postprocess(self, device_id: int, size: int, mem_size: int, mem_ptr: int,
-                                   pmem_id: int) -> None:
-                self.live[mem_ptr] = mem_size
-                self.current += mem_size
-                if self.current > self.peak:
-                    self.peak = self.current
-
-            def free_postprocess(self, device_id: int, mem_size: int, mem_ptr: int, pmem_id: int) -> None:
-                n = self.live.pop(mem_ptr, None)
-                if n is not None:
-                    self.current -= n
-
-        _hook_cls = ThreadPeakHook
-    return _hook_cls
-
-
 class _GpuMeasure(_Measure):
     """Peak bytes the task's thread held from CuPy's device memory pool."""
 
     def __enter__(self) -> "_GpuMeasure":
-        self._hook = _gpu_hook_class()()
+        from gpuzarr_dist.cuda.memory import thread_peak_hook
+
+        self._hook = thread_peak_hook()
         self._hook.__enter__()
         return self
 

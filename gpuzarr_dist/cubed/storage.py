@@ -206,10 +206,11 @@ class IntermediateArray:
         w = _writers.get(key)
         if w is None:
             from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
-            from gpuzarr_dist.array.write import BlockWriter, _open_target
+            from gpuzarr_dist.array.write import BlockWriter
+            from gpuzarr_dist.stores.target import open_target
 
             try:
-                target = _open_target(z.store, z.path, None)
+                target = open_target(z.store, z.path, None)
                 spec = spec_from_zarr_metadata(z.metadata, target.name)
                 w = unencodable(spec) or BlockWriter(spec, target.writer(target.name), tuple((n,) for n in spec.shape),
                                                      "auto")

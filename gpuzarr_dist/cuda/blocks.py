@@ -20,11 +20,11 @@ preparation, not after everyone's.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 import cupy
 import numpy as np
 
+from gpuzarr_dist.core.plan_reader import PlanReader
 from gpuzarr_dist.core.selection import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
@@ -32,9 +32,6 @@ from gpuzarr_dist.config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_rea
 from gpuzarr_dist.cuda.streams import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
 from gpuzarr_dist.runtime.threads import read_slot
 from gpuzarr_dist.runtime.once import warn_once
-
-if TYPE_CHECKING:
-    from gpuzarr_dist.array.reader import BlockReader
 
 _warned: set[str] = set()
 
@@ -44,7 +41,7 @@ def _warn_cpu_fallback(codec: str, array: str) -> None:
               "copied to the GPU once per block (warned once per codec)", stacklevel=4)
 
 
-def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
+def read_plan_gpu(reader: PlanReader, plan: Plan) -> cupy.ndarray:
     """Read the chunks of ``plan`` into a new device array of ``plan.out_shape``."""
     spec, pipeline = reader.spec, reader.pipeline
     stream = thread_stream()
@@ -53,7 +50,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     unsupported = gpu_unsupported(pipeline)
     if unsupported is not None:
         _warn_cpu_fallback(unsupported, spec.name)
-        host = reader._read_plan_cpu(plan, out=pinned_empty(plan.out_shape, spec.dtype))
+        host = reader.read_plan_cpu(plan, out=pinned_empty(plan.out_shape, spec.dtype))
         out = cupy.empty(plan.out_shape, dtype=spec.dtype)
         out.set(host, stream=stream)
         stream.synchronize()

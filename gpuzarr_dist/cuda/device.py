@@ -124,3 +124,21 @@ def use_device(device: int) -> None:
     import cupy
 
     cupy.cuda.Device(device).use()
+
+
+def share_device_pool() -> str:
+    """Make CuPy allocate from RMM's current memory resource in this process (CuPy's own pool without rmm).
+
+    Returns a short description of the allocator now in use. nvCOMP keeps its
+    own allocator: routing its workspace through CuPy's pool gains no decode
+    speed, grows the pool to 60-90 GiB, and crashes the process at exit
+    (nvCOMP freeing pool memory during interpreter shutdown).
+    """
+    import cupy
+
+    try:
+        from rmm.allocators.cupy import rmm_cupy_allocator
+    except ImportError:
+        return "CuPy's memory pool (rmm is not installed)"
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    return "RMM"

@@ -31,7 +31,7 @@ import distributed
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from gpuzarr_dist.errors import DeviceUnavailableError
-from gpuzarr_dist.cuda.device import DEVICES, gpu_status
+from gpuzarr_dist.cuda.device import DEVICES, device_count, gpu_status, share_device_pool
 
 #: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
 #: of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with the ~890 MiB auto blocks of a 139 GiB GPU),
@@ -48,24 +48,6 @@ _DASK_DEFAULT_LINK = "{scheme}://{host}:{port}/status"
 
 
 # -- the worker plugin ---------------------------------------------------------------
-
-
-def share_device_pool() -> str:
-    """Make CuPy allocate from RMM's current memory resource in this process (CuPy's own pool without rmm).
-
-    Returns a short description of the allocator now in use. nvCOMP keeps its
-    own allocator: routing its workspace through CuPy's pool gains no decode
-    speed, grows the pool to 60-90 GiB, and crashes the process at exit
-    (nvCOMP freeing pool memory during interpreter shutdown).
-    """
-    import cupy
-
-    try:
-        from rmm.allocators.cupy import rmm_cupy_allocator
-    except ImportError:
-        return "CuPy's memory pool (rmm is not installed)"
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
-    return "RMM"
 
 
 class WorkerSetup(WorkerPlugin):
@@ -129,9 +111,7 @@ def _gpu_devices() -> list[str]:
     listed = visible_devices()
     if listed is not None:
         return listed
-    import cupy
-
-    return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+    return [str(i) for i in range(device_count())]
 
 
 def _check_count(n: int | None, what: str, available: int | None = None) -> None:

@@ -8,8 +8,7 @@ random places in one batched read and one batched decode (one nvCOMP call on
 the GPU), and ``sampler.batches(...)`` keeps several such calls in flight
 while the loop works on the batch it holds. A batch reads each chunk once
 however many of its windows share it, so larger batches read more windows
-per second (on an H200, 2048 windows a call read 29,005 windows/s against
-4,391 for 256; see the README's Measured section). Without a store argument the
+per second (see the performance page of the documentation). Without a store argument the
 script writes a float32 (time, lat, lon) array on a 192 x 384 grid with
 zarr-python, sharded (4 time steps x the grid per shard, inner chunks of one
 time step x 64 x 64, zstd). The first batch is checked against zarr-python's own reading of the

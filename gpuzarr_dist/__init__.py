@@ -26,7 +26,7 @@ from gpuzarr_dist.errors import (
 from gpuzarr_dist.array.read import from_zarr_gpu
 from gpuzarr_dist.cuda.device import gpu_available, resolve_device
 from gpuzarr_dist.xarray.backend import open_dataset
-from gpuzarr_dist.array.write import to_zarr_gpu
+from gpuzarr_dist.api import to_zarr_gpu
 from gpuzarr_dist.array.windows import WindowSampler, sample_windows
 from gpuzarr_dist.errors import GpuOutOfMemoryError
 

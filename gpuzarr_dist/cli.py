@@ -250,7 +250,7 @@ def _codec_rows(spec: Any) -> tuple[list[tuple[str, str, str, str]], list[str]]:
 def _print_array(spec: Any, stored: int | None, name: str) -> None:
     from gpuzarr_dist import config
     from gpuzarr_dist.array.read import auto_block_shape
-    from gpuzarr_dist.cuda.device import gpu_status
+    from gpuzarr_dist.cuda.device import gpu_memory_bytes, gpu_status
 
     chunks = math.prod(spec.grid_shape)
     nbytes = math.prod(spec.shape) * spec.dtype.itemsize
@@ -282,7 +282,7 @@ def _print_array(spec: Any, stored: int | None, name: str) -> None:
         print(f"    note: {note}")
     print("  auto blocks  (chunks='auto': whole chunks, about gpuzarr.block-size bytes)")
     for dev in ("cpu", "gpu"):
-        target = config.block_size_bytes(dev)
+        target = config.block_size_bytes(dev, gpu_memory_bytes)
         block = auto_block_shape(spec, target)
         nblocks = math.prod(math.ceil(s / b) if b else 1 for s, b in zip(spec.shape, block))
         per = math.prod(block) * spec.dtype.itemsize

@@ -25,19 +25,39 @@ MiB = 1 << 20
 def test_auto_gpu_block_follows_device_memory(monkeypatch, memory, expected):
     monkeypatch.setattr(device, "gpu_memory_bytes", lambda: memory)
     with dask.config.set({"gpuzarr.block-size.gpu": "auto"}):
-        assert config.block_size_bytes("gpu") == expected
+        assert config.block_size_bytes("gpu", device.gpu_memory_bytes) == expected
+        assert config.auto_gpu_block_bytes(memory) == expected
     assert expected == max(256 * MiB, min(1 << 30, memory // 160 // MiB * MiB))  # the documented rule, by hand
 
 
 def test_auto_is_the_gpu_default_and_explicit_sizes_win(monkeypatch):
     monkeypatch.setattr(device, "gpu_memory_bytes", lambda: 149_250_000_000)
     assert dask.config.get("gpuzarr.block-size.gpu") == "auto"
-    assert config.block_size_bytes("gpu") == 889 * MiB
+    assert config.block_size_bytes("gpu", device.gpu_memory_bytes) == 889 * MiB
     with dask.config.set({"gpuzarr.block-size.gpu": "300 MiB"}):
-        assert config.block_size_bytes("gpu") == 300 * MiB
+        assert config.block_size_bytes("gpu", device.gpu_memory_bytes) == 300 * MiB
     with dask.config.set({"gpuzarr.block-size.gpu": " AUTO "}):
-        assert config.block_size_bytes("gpu") == 889 * MiB
+        assert config.block_size_bytes("gpu", device.gpu_memory_bytes) == 889 * MiB
     assert config.block_size_bytes("cpu") == 128 * MiB  # the CPU default is unchanged
+    assert config.block_size_bytes("gpu") == 256 * MiB  # auto without a GPU memory to size from: the floor
+
+
+def test_callers_size_auto_blocks_from_the_gpu(monkeypatch):
+    """The graph builder and ``gpuzarr-dist info`` ask cuda.device for the GPU's memory (config imports no device)."""
+    from gpuzarr_dist.array import read
+
+    seen = []
+    monkeypatch.setattr(read, "gpu_memory_bytes", lambda: seen.append(1) or 149_250_000_000)
+    monkeypatch.setattr(read, "auto_block_shape", lambda spec, target, balance=False: (target,))
+
+    class Spec:  # only the shape matters once auto_block_shape is replaced
+        shape = (1 << 40,)
+
+    assert read._block_chunks(Spec(), "auto", "gpu")[0][0] == 889 * MiB
+    assert seen
+    seen.clear()
+    assert read._block_chunks(Spec(), "auto", "cpu")[0][0] == 128 * MiB
+    assert not seen  # the CPU's size never asks the GPU
 
 
 def test_gpu_memory_is_zero_without_a_usable_gpu(monkeypatch):

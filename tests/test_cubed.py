@@ -2,7 +2,7 @@
 
 Results are compared with zarr-python's read of the same store and numpy on it.
 GPU runs happen in a fresh process (cubed's backend is fixed at its import),
-through tools/gpu_check_cubed.py.
+through ``tests/helpers/cubed_gpu_check.py``.
 """
 
 from __future__ import annotations
@@ -430,7 +430,7 @@ def test_too_late_backend_change_is_reported():
 
 @pytest.mark.gpu
 def test_gpu_check_script():
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gpu_check_cubed.py")],
+    r = subprocess.run([sys.executable, "-m", "tests.helpers.cubed_gpu_check"], cwd=ROOT,
                        capture_output=True, text=True, timeout=900,
                        env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
     print(r.stdout[-4000:], r.stderr[-4000:])

@@ -24,7 +24,7 @@ from gpuzarr_dist.config import gpu_decode_combine
 
 
 def test_setting():
-    assert gpu_decode_combine() is False  # off until measured on a GPU
+    assert gpu_decode_combine() is False  # off by default: nvCOMP's C calls overlap without joining
     for on in (True, "true", " On ", "1"):
         with dask.config.set({"gpuzarr.gpu.decode-combine": on}):
             assert gpu_decode_combine() is True

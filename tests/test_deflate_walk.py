@@ -1,7 +1,7 @@
 """The deflate walk and the adler32 kernels that run on the GPU before and after nvCOMP, compiled for the host.
 
 ``gpuzarr_dist.cuda.deflate_walk`` holds CUDA sources that are plain C apart
-from the CUDA markers; ``tools/deflate_walk_host.py`` builds them with a host
+from the CUDA markers; ``tests/helpers/deflate_walk_host.py`` builds them with a host
 C++ compiler (AddressSanitizer where available: a read outside a stream fails
 the test). zlib (Python's ``zlib``, numcodecs' GZip/Zlib/Blosc) is the
 independent judge: the walk must pass every stream zlib writes, never reject
@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import collections
 import gzip
-import os
 import struct
-import sys
 import zlib
 
 import numcodecs
@@ -26,9 +24,7 @@ from hypothesis import given, settings, strategies as st
 from gpuzarr_dist.codecs import blosc_frames as bf
 from gpuzarr_dist.cuda.deflate_walk import (ADLER32_SEGMENT, DEFLATE_GZIP, DEFLATE_RAW, DEFLATE_WALK_REASONS,
                                               DEFLATE_ZLIB)
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from deflate_walk_host import HostKernels  # noqa: E402
+from tests.helpers.deflate_walk_host import HostKernels
 
 #: walk results that send a stream to the CPU decoder rather than name it bad: the CPU accepts some of these
 DEFERRED = (-22, -4)  # bytes after the deflate data (zlib ignores them; gzip reads them as another member), gzip reserved flags
@@ -316,7 +312,7 @@ _HYP_POOL = _hyp_pool()
 def test_fuzz_summary_counts_the_deflate_walks_rejections():
     import collections as _c
 
-    import gpu_fuzz as gf
+    from dev import gpu_fuzz as gf
     from gpuzarr_dist.cuda.deflate_walk import walk_reason
 
     by_check = _c.Counter({gf._category(DEFLATE_WALK_REASONS[-19]): 3,

@@ -15,7 +15,7 @@ import pytest
 import zarr.codecs as zc
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.stores import local
+from gpuzarr_dist.cuda import files as cufiles
 from gpuzarr_dist.stores.local import LocalChunkStore
 from gpuzarr_dist.stores.retry import is_transient, with_retries
 from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
@@ -65,7 +65,7 @@ class Faults:
 
         monkeypatch.setattr(LocalChunkStore, "_read_file", fake_read_file)
         monkeypatch.setattr(LocalChunkStore, "_pread", fake_pread)
-        monkeypatch.setattr(local, "_kvikio", lambda: None)  # the GPU path reads with preadv here too
+        monkeypatch.setattr(cufiles, "cufile", lambda: None)  # the GPU path reads with preadv here too
 
 
 def eio() -> OSError:
@@ -211,7 +211,7 @@ def test_gpu_out_of_memory_retries_once_after_releasing_the_pool(request, monkey
         calls.append(pool.cached)
         if len(calls) <= fails:
             raise OutOfMemoryError("Out of memory allocating 1,073,741,824 bytes")
-        return reader._read_plan_cpu(plan)  # the right values, from the CPU path
+        return reader.read_plan_cpu(plan)  # the right values, from the CPU path
 
     fake.read_plan_gpu = read_plan_gpu
     monkeypatch.setitem(sys.modules, "gpuzarr_dist.cuda.blocks", fake)

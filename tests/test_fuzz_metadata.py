@@ -6,8 +6,8 @@ subclass :class:`~gpuzarr_dist.UnsupportedCodecError`) naming the store and the
 metadata document: never another exception, a crash or a hang.
 
 Deterministic in CI: ``derandomize=True`` and no example database, so every run
-draws the same cases. The example counts are explicit (see the README's
-"Reliability" section for the totals).
+draws the same cases. The example counts are explicit (docs/reliability.md
+gives the totals).
 """
 
 from __future__ import annotations

@@ -92,12 +92,12 @@ def test_each_thread_has_its_own_stream(era5ish):
 def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     """After a block read and a block write, CuPy's current stream is still the thread's own stream.
 
-    Session 19: the decode's ``with stream:`` restored, on exit, the bottom of
-    CuPy's stream stack (the legacy null stream), not the stream
-    ``thread_stream`` had made current with ``use()``. Placement kernels and
-    the user's computation then ran on the null stream, outside what the read
-    synchronises, and a read that allocated its block after the decode gave
-    wrong tiles in the Cubed variant's anomaly. Each codec here takes another
+    CuPy's ``with stream:`` restores, on exit, the bottom of its stream stack
+    (the legacy null stream), not the stream ``thread_stream`` made current
+    with ``use()``. Placement kernels and the user's computation would then
+    run on the null stream, outside what the read synchronises, and a read
+    that allocates its block after the decode would give wrong tiles in the
+    Cubed variant's anomaly. Each codec here takes another
     decode path (one chunk: the CPU's small batch; more: nvCOMP; zlib: the deflate walk;
     Blosc: the gathered streams; none: no compressor).
     """
@@ -106,7 +106,8 @@ def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     from gpuzarr_dist.array.reader import BlockReader
     from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.array.write import BlockWriter, _open_target
+    from gpuzarr_dist.array.write import BlockWriter
+    from gpuzarr_dist.stores.target import open_target
     from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
 
     data = make_data("float32", (64, 40, 30), seed=9, specials=False)
@@ -123,7 +124,7 @@ def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     reader = BlockReader(store, spec, "gpu")
     out_path = str(tmp_path / "b.zarr")
     zarr.create_array(out_path, shape=data.shape, chunks=(2, 40, 30), dtype="f4", compressors=[zc.ZstdCodec(level=1)])
-    target = _open_target(out_path, None, None)
+    target = open_target(out_path, None, None)
     z = zarr.open_array(out_path, mode="r")
     writer = BlockWriter(spec_from_zarr_metadata(z.metadata, target.name), target.writer(target.name),
                          tuple((n,) for n in data.shape), "gpu")

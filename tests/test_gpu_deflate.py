@@ -10,9 +10,7 @@ zarr-python reads them.
 
 from __future__ import annotations
 
-import os
 import pathlib
-import sys
 import zlib
 
 import numcodecs
@@ -24,9 +22,7 @@ import gpuzarr_dist as gz
 from conftest import assert_same, make_data, reference, write_array
 from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
 from test_deflate_walk import _blosc_corpus, _gzip_corpus, _gzip_member, _mutate, _zlib_corpus
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from deflate_walk_host import HostKernels  # noqa: E402
+from tests.helpers.deflate_walk_host import HostKernels
 
 pytestmark = pytest.mark.gpu
 

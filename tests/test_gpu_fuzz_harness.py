@@ -1,7 +1,7 @@
-"""The GPU fuzz harness (``tools/gpu_fuzz.py``) run on the CPU: its judging, its speed and its crash accounting.
+"""The GPU fuzz harness (``dev/gpu_fuzz.py``) run on the CPU: its judging, its speed and its crash accounting.
 
-The harness is what issue 9's GPU run relies on, and the GPU machine's time is
-scarce, so everything but the kernels is checked here: a ``--device cpu`` run
+The GPU fuzz results rely on the harness, and GPU time is scarce, so
+everything but the kernels is checked here: a ``--device cpu`` run
 decodes batches with the CPU pipeline and judges every damaged chunk against
 the reference libraries (numcodecs, google-crc32c) directly; the self-test
 hooks make a child die or hang on chosen cases, and the run must name exactly
@@ -18,11 +18,10 @@ import sys
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, "tools", "gpu_fuzz.py")
-sys.path.insert(0, os.path.join(ROOT, "tools"))
+from dev import gpu_fuzz as gf
 
-import gpu_fuzz as gf  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOOL = ["-m", "dev.gpu_fuzz"]
 
 FAILURE_PREFIXES = gf.FAILURES
 
@@ -31,7 +30,7 @@ def _run(tmp_path, *args, env=None, timeout=120):
     out = tmp_path / "out"
     e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     e.update(env or {})
-    p = subprocess.run([sys.executable, TOOL, "--device", "cpu", "--out", str(out), *args], env=e,
+    p = subprocess.run([sys.executable, *TOOL, "--device", "cpu", "--out", str(out), *args], env=e,
                        capture_output=True, text=True, timeout=timeout)
     report = json.loads((out / "gpu_fuzz.json").read_text())
     return p, report, out
@@ -91,7 +90,7 @@ def test_crash_and_hang_are_named_saved_and_replayable(tmp_path):
     assert (out / f"crash-{hang}.bin").read_bytes() == case["data"] == bytes.fromhex(meta["data_hex"])
     assert meta["chain"] == case["chain"]
     assert meta["layout"].count(["case", hang]) == 1 and len(meta["layout"]) == gf.GOOD_PER_BATCH + 1
-    r = subprocess.run([sys.executable, TOOL, "--replay", str(out / f"crash-{hang}.json"), "--device", "cpu"],
+    r = subprocess.run([sys.executable, *TOOL, "--replay", str(out / f"crash-{hang}.json"), "--device", "cpu"],
                        env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and f"replaying case {hang} " in r.stdout, r.stdout + r.stderr
 

@@ -13,15 +13,11 @@ frame" in the GPU fuzz run).
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import types
 
 import numpy as np
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
 
 try:
     import cupy  # noqa: F401
@@ -112,8 +108,7 @@ def gpu(monkeypatch):
 
 
 def _batch(chain: str, chunks: list[bytes]):
-    import gpu_fuzz as gf
-
+    from dev import gpu_fuzz as gf
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
     from gpuzarr_dist.stores.base import staging_layout
 
@@ -127,7 +122,7 @@ def _batch(chain: str, chunks: list[bytes]):
 
 
 def _good(chain: str) -> list[bytes]:
-    import gpu_fuzz as gf
+    from dev import gpu_fuzz as gf
 
     return gf.Pools(20261122).good[chain][:3]
 
@@ -148,7 +143,7 @@ def test_an_error_after_the_upload_waits_for_the_stream_and_the_walk_runs_on_the
     # on the copy engine behind other threads' chunks)
     assert log == [("tables", "batch stream"), ("upload", "batch stream", "batch stream"), ("walk", "batch stream"),
                    ("sync", "batch stream")]
-    # restored after the batch: CuPy's ``with stream:`` left the legacy null stream current here (session 19)
+    # restored after the batch: CuPy's ``with stream:`` would leave the legacy null stream current here
     assert _STATE["current"].name == "caller's current stream"
 
 

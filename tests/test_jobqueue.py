@@ -2,7 +2,7 @@
 machine running dask-jobqueue workers that compute a reduction of a Zarr array.
 
 The Slurm test installs Debian's slurm-wlm and munge when they are missing (root with apt-get) and
-skips, saying why, where that cannot be done (see ``slurm_local.py``).
+skips, saying why, where that cannot be done (see ``helpers/slurm_local.py``).
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_job_script_runs_through_bash(tmp_path):
 
 @pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
-    from slurm_local import SlurmUnavailable, local_slurm
+    from tests.helpers.slurm_local import SlurmUnavailable, local_slurm
 
     root = str(tmp_path_factory.mktemp("slurm"))
     try:

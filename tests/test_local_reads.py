@@ -62,6 +62,7 @@ def test_kvikio_files_are_opened_before_the_staging_call(tmp_path, monkeypatch):
     """
     import numpy as np
 
+    from gpuzarr_dist.cuda import files as cufiles
     from gpuzarr_dist.stores import local
 
     events: list[str] = []
@@ -90,7 +91,7 @@ def test_kvikio_files_are_opened_before_the_staging_call(tmp_path, monkeypatch):
         pass
 
     FakeKvikio.CuFile = CuFile
-    monkeypatch.setattr(local, "_kvikio", lambda: FakeKvikio)
+    monkeypatch.setattr(cufiles, "cufile", lambda: FakeKvikio)
     path = str(tmp_path / "a.zarr")
     write_array(path, make_data("float64", (6, 6), seed=2), (2, 3), which="some")
     keys = [f"c/{i}/{j}" for i in range(3) for j in range(2)]

@@ -141,7 +141,7 @@ def test_small_gpu_blocks_encode_on_the_cpu(tmp_path, monkeypatch, small):
     if small:
         _forbid(monkeypatch, wg, "launch_encode_gpu")
     else:
-        from gpuzarr_dist.array.write import CpuBlockEncoder
+        from gpuzarr_dist.codecs.encode import CpuBlockEncoder
 
         _forbid(monkeypatch, CodecPipeline, "encode_batch")
         _forbid(monkeypatch, CpuBlockEncoder, "launch")

@@ -39,7 +39,7 @@ def test_encode_scratch_setting():
 
 
 def test_chunks_per_call_from_the_fixed_and_per_chunk_scratch(monkeypatch):
-    """nvCOMP's zstd encode scratch is a fixed part plus a part per chunk (H200: 1.13 GB + 5.6 MB per 4.17 MB
+    """nvCOMP's zstd encode scratch is a fixed part plus a part per chunk (about 1.13 GB + 5.6 MB per 4.17 MB
     chunk): as many chunks a call as the limit holds beyond the fixed part, at least one."""
     monkeypatch.setattr(nvcomp_c, "encode_scratch_size", lambda algorithm, n, nbytes: 1000 + 10 * n)
     assert nvcomp_c.chunks_per_call("Zstd", 4, 1100) == 10
@@ -136,8 +136,8 @@ def test_threads_decode_their_frames_at_once():
 @pytest.mark.gpu
 @pytest.mark.parametrize("api", ["c", "python"])
 def test_a_frame_larger_than_its_chunk_is_named_and_its_neighbours_are_right(tmp_path, api):
-    """nvCOMP 6.0 reported success and the full size for a frame given half the slot it needed (H200, session
-    15), so slots bound nothing: a frame stating more bytes than its chunk must be stopped before the call."""
+    """nvCOMP 6.0 reports success and the full size for a frame given half the slot it needs, so slots
+    bound nothing: a frame stating more bytes than its chunk must be stopped before the call."""
     import pathlib
 
     import numcodecs

@@ -21,7 +21,7 @@ import zarr.codecs as zc
 
 import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, dev, make_data, reference
-from servers import TEST_KEY, TEST_SECRET, moto_s3_server, range_http_server, upload_tree
+from tests.helpers.servers import TEST_KEY, TEST_SECRET, moto_s3_server, range_http_server, upload_tree
 
 pytest.importorskip("obstore")
 pytestmark = pytest.mark.usefixtures("device")

@@ -18,7 +18,7 @@ import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, dev, make_data, reference
 from gpuzarr_dist.stores.source import open_source
 from gpuzarr_dist.array.windows import _chunk_keys
-from shard_helpers import record_ranges
+from tests.helpers.shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")
 

@@ -160,7 +160,7 @@ def _check_windows(sampler, ref, starts):
 def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monkeypatch, location):
     from conftest import make_data
     from gpuzarr_dist.array.windows import WindowSampler
-    from shard_helpers import record_ranges
+    from tests.helpers.shard_helpers import record_ranges
 
     data = make_data("float32", (16, 64, 96), seed=4)
     path = str(tmp_path / "c.zarr")

@@ -14,7 +14,7 @@ import dask
 import gpuzarr_dist as gz
 from conftest import assert_same, compute_checked, dev, make_data, reference
 from gpuzarr_dist.stores.ranges import coalesce
-from shard_helpers import record_ranges
+from tests.helpers.shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")
 

@@ -96,7 +96,7 @@ def test_each_shard_index_is_read_once_per_block(tmp_path, monkeypatch):
     data = make_data("int32", SHAPE, seed=10)
     path = str(tmp_path / "s.zarr")
     expected = _write(path, data, compressors=[zc.ZstdCodec()])
-    from shard_helpers import record_ranges
+    from tests.helpers.shard_helpers import record_ranges
 
     log = record_ranges(monkeypatch)
     x = gz.from_zarr_gpu(path, device=dev(), chunks=SHARDS)

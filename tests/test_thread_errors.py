@@ -91,7 +91,7 @@ def test_a_failed_batch_write_leaves_no_temporary_file_behind(tmp_path, monkeypa
 
 
 def test_a_failed_read_waits_for_the_other_reads_into_the_buffer(tmp_path, monkeypatch):
-    from gpuzarr_dist.stores import local
+    from gpuzarr_dist.cuda import files as cufiles
     from gpuzarr_dist.stores.local import LocalChunkStore
 
     root = tmp_path / "a"
@@ -120,7 +120,7 @@ def test_a_failed_read_waits_for_the_other_reads_into_the_buffer(tmp_path, monke
         raise ChunkReadError("a", key, "OSError: [Errno 5] Input/output error")
 
     monkeypatch.setattr(store, "_pread", pread)
-    monkeypatch.setattr(store, "_read_slot", read_slot)
+    monkeypatch.setattr(store, "read_slot", read_slot)
     bufs = []
 
     def staging(n):
@@ -128,7 +128,7 @@ def test_a_failed_read_waits_for_the_other_reads_into_the_buffer(tmp_path, monke
         return bufs[-1]
 
     with dask.config.set({"gpuzarr.local-reads": "threads", "gpuzarr.io-threads": 4}):
-        monkeypatch.setattr(local, "_kvikio", lambda: None)
+        monkeypatch.setattr(cufiles, "cufile", lambda: None)
         with pytest.raises(ChunkReadError, match="c/1"):
             store.read_into([f"c/{i}" for i in range(6)], staging)
         assert busy["n"] == 0  # no read still writing into the buffer, or using a closed descriptor

@@ -11,7 +11,7 @@ import zarr.codecs as zc
 
 import gpuzarr_dist as gz
 from conftest import dev, make_data, reference
-from shard_helpers import record_ranges
+from tests.helpers.shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")
 

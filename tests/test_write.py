@@ -234,7 +234,7 @@ def test_read_compute_encode_write_fuse_into_one_task_per_block(tmp_path, monkey
     m = float(data.mean())
     lazy = gz.to_zarr_gpu(x - m, str(tmp_path / "out.zarr"), chunks=(5, 6), compute=False)
     assert _n_tasks(lazy) == x.npartitions + 1  # one task per block, plus the total
-    from gpuzarr_dist.array.write import CpuBlockEncoder
+    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
 
     batches = []
     original = CpuBlockEncoder.launch
@@ -415,7 +415,7 @@ def test_gpu_blocks_encode_on_the_device(tmp_path, monkeypatch, codec):
     def no_cpu(self, *args, **kwargs):
         raise AssertionError("encoded on the CPU")
 
-    from gpuzarr_dist.array.write import CpuBlockEncoder
+    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
 
     monkeypatch.setattr(CodecPipeline, "encode_batch", no_cpu)
     monkeypatch.setattr(CpuBlockEncoder, "launch", no_cpu)

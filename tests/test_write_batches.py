@@ -19,7 +19,8 @@ import zarr
 import gpuzarr_dist as gz
 from conftest import assert_same, dev, make_data
 from gpuzarr_dist.errors import ChunkEncodeError, ChunkWriteError
-from gpuzarr_dist.array.write import BlockWriter, _even_runs
+from gpuzarr_dist.array.write import BlockWriter
+from gpuzarr_dist.core.layout import even_runs
 
 ts = pytest.importorskip("tensorstore")
 
@@ -73,13 +74,13 @@ def spy_objects(monkeypatch, spy_batches):
     return seen
 
 
-def test_even_runs():
-    assert _even_runs(0, 0, 10) == []
-    assert _even_runs(5, 500, None) == [(0, 5)]  # off: one batch
-    assert _even_runs(5, 500, 0) == [(0, 5)]
-    assert _even_runs(5, 500, 1000) == [(0, 5)]
-    assert _even_runs(16, 16 * 560, 3 * 560) == [(0, 2), (2, 5), (5, 8), (8, 10), (10, 13), (13, 16)]
-    assert _even_runs(3, 3000, 1) == [(0, 1), (1, 2), (2, 3)]  # never less than one object per batch
+def testeven_runs():
+    assert even_runs(0, 0, 10) == []
+    assert even_runs(5, 500, None) == [(0, 5)]  # off: one batch
+    assert even_runs(5, 500, 0) == [(0, 5)]
+    assert even_runs(5, 500, 1000) == [(0, 5)]
+    assert even_runs(16, 16 * 560, 3 * 560) == [(0, 2), (2, 5), (5, 8), (8, 10), (10, 13), (13, 16)]
+    assert even_runs(3, 3000, 1) == [(0, 1), (1, 2), (2, 3)]  # never less than one object per batch
 
 
 @pytest.mark.parametrize("codec,crc", [("zstd", False), ("gzip", True), ("none", False), ("zstd", True)])
@@ -133,7 +134,7 @@ def _one_block_writer_error(tmp_path, data, bad: str, how: str, monkeypatch):
     path = str(tmp_path / "out.zarr")
     if how == "encode":
         from gpuzarr_dist.codecs.pipeline import CodecPipeline
-        from gpuzarr_dist.array.write import CpuBlockEncoder
+        from gpuzarr_dist.codecs.encode import CpuBlockEncoder
 
         if dev() == "gpu":  # the GPU path encodes on the CPU only where nvCOMP refuses: make it
             import gpuzarr_dist.cuda.write as wg
@@ -192,7 +193,7 @@ def _chunk_files(path: str) -> list[str]:
 def test_write_failure_waits_for_the_launched_encode(tmp_path, monkeypatch):
     """A write that fails while the next batch's encode runs: that encode is waited for (abandon) before the
     error leaves the task, so no encode thread still works on the block's buffers."""
-    from gpuzarr_dist.array.write import CpuBlockEncoder
+    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
 
     calls = []
     original = CpuBlockEncoder.abandon
@@ -217,7 +218,7 @@ def test_gpu_batches_encode_on_the_device_and_overlap(tmp_path, spy_batches, mon
     import cupy
 
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.array.write import CpuBlockEncoder
+    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
     import gpuzarr_dist.cuda.write as wg
 
     def no_cpu(self, *args, **kwargs):

@@ -163,7 +163,7 @@ def test_writer_keyword_lists_match_both_signatures():
     """The one list of keywords ``to_zarr_gpu`` hands to the Dataset writer is what both functions take."""
     import inspect
 
-    from gpuzarr_dist.array.write import ARRAY_ONLY_KEYWORDS, DATASET_KEYWORDS, to_zarr_gpu
+    from gpuzarr_dist.api import ARRAY_ONLY_KEYWORDS, DATASET_KEYWORDS, to_zarr_gpu
     from gpuzarr_dist.xarray.write import dataset_to_zarr_gpu
 
     def kwonly(fn):
@@ -197,3 +197,22 @@ def test_folders_are_made_when_the_graph_is_built(tmp_path):
     assert not any((tmp_path / "out.zarr" / "c").rglob("*.*"))  # folders only: no object written yet
     lazy.compute()
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[...], data)
+
+
+def test_old_write_path_still_resolves_every_name():
+    """``gpuzarr_dist.write`` (deprecated) gives the public ``to_zarr_gpu`` (arrays and Datasets) and the names
+    that moved out of the old module to their new homes, each with a DeprecationWarning naming the home."""
+    import gpuzarr_dist
+    from gpuzarr_dist.array import write as array_write
+    from gpuzarr_dist.codecs import encode
+    from gpuzarr_dist.core import layout
+    from gpuzarr_dist.stores import target
+
+    old = __import__("gpuzarr_dist.write", fromlist=["x"])
+    for name, home in [("to_zarr_gpu", gpuzarr_dist), ("split_shape", layout), ("plan_layout", layout),
+                       ("create_metadata", target), ("CODECS", target), ("chunk_grid", encode),
+                       ("CpuBlockEncoder", encode), ("BlockWriter", array_write), ("write_array_graph", array_write)]:
+        with pytest.warns(DeprecationWarning, match=f"import {name} from {home.__name__}$"):
+            assert getattr(old, name) is getattr(home, name)
+    with pytest.warns(DeprecationWarning), pytest.raises(AttributeError):
+        old.no_such_name

@@ -11,8 +11,6 @@ impossible frames; libzstd (through numcodecs) is the independent judge.
 from __future__ import annotations
 
 import collections
-import os
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numcodecs
@@ -20,9 +18,7 @@ import numpy as np
 import pytest
 
 from gpuzarr_dist.cuda.kernels import ZSTD_DEEP_REASONS, ZSTD_FRAMES_SRC
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-from zstd_walk_host import build_walk, run_walk  # noqa: E402
+from tests.helpers.zstd_walk_host import build_walk, run_walk
 
 
 @pytest.fixture(scope="module")
@@ -404,12 +400,8 @@ def test_targeted_damage_is_named_by_the_check_that_catches_it(walk):
 
 
 def _fuzz_frames(cases: list[int], seed: int = 20261122) -> list[tuple[int, bytes, bytes]]:
-    """``(case, damaged zstd frame, undamaged frame)`` of ``tools/gpu_fuzz.py`` cases (Blosc: the damaged stream)."""
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
-    import gpu_fuzz as gf
+    """``(case, damaged zstd frame, undamaged frame)`` of ``dev/gpu_fuzz.py`` cases (Blosc: the damaged stream)."""
+    from dev import gpu_fuzz as gf
 
     from gpuzarr_dist.codecs import blosc_frames as bf
 

@@ -24,7 +24,7 @@ from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.array.optimize import GPU_LAYER_PREFIX
 from gpuzarr_dist.array.optimize import install as install_stream_sync
 from gpuzarr_dist.array.reader import BlockReader
-from gpuzarr_dist.cuda.device import resolve_device
+from gpuzarr_dist.cuda.device import gpu_memory_bytes, resolve_device
 from gpuzarr_dist.stores.source import open_source
 
 
@@ -64,7 +64,7 @@ def auto_block_shape(spec: ArraySpec, target_bytes: int, balance: bool = False) 
 
 def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool = False) -> tuple[tuple[int, ...], ...]:
     if chunks is None or (isinstance(chunks, str) and chunks == "auto"):
-        target, cap = config.block_size_bytes(device), config.remote_block_bytes() if object_store else 0
+        target, cap = config.block_size_bytes(device, gpu_memory_bytes), config.remote_block_bytes() if object_store else 0
         if cap:  # an object store: several blocks, so that each decodes while others' requests are in flight
             target = min(target, cap)
         return normalize_chunks(auto_block_shape(spec, target), spec.shape)
@@ -74,7 +74,7 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool 
         return normalize_chunks(auto_block_shape(spec, int(parse_bytes(chunks))), spec.shape)
     # "auto" entries inside explicit chunks (e.g. {0: "auto"}) size by our block size, not dask's chunk-size
     out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.read_unit,
-                           limit=config.block_size_bytes(device))
+                           limit=config.block_size_bytes(device, gpu_memory_bytes))
     what = "shard" if spec.shard_shape else "chunk"
     for ax, (bs, c) in enumerate(zip(out, spec.read_unit)):
         if any(b % c for b in bs[:-1]):
@@ -89,9 +89,9 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool 
 
 def _meta(dtype: np.dtype, ndim: int, device: str) -> Any:
     if device == "gpu":
-        import cupy
+        from gpuzarr_dist.cuda.device import device_empty
 
-        return cupy.empty((0,) * ndim, dtype=dtype)
+        return device_empty((0,) * ndim, dtype)
     return np.empty((0,) * ndim, dtype=dtype)
 
 

@@ -109,12 +109,13 @@ class BlockReader:
                     raise out_of_memory_error(self.spec.name, plan.out_shape, self.spec.dtype, plan.n_parts, e) from e
                 raise
         else:
-            out = self._read_plan_cpu(plan)
+            out = self.read_plan_cpu(plan)
         out = finish(out, plan)
         return out if rest is None else out[rest]
 
     # -- CPU device ---------------------------------------------------------------
-    def _read_plan_cpu(self, plan: Plan, out: np.ndarray | None = None) -> np.ndarray:
+    def read_plan_cpu(self, plan: Plan, out: np.ndarray | None = None) -> np.ndarray:
+        """Read the chunks of ``plan`` on the CPU into ``out`` (a new array where ``None``); return it."""
         spec = self.spec
         if out is None:
             out = np.empty(plan.out_shape, dtype=spec.dtype)

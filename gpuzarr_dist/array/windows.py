@@ -131,10 +131,7 @@ class WindowSampler:
 
         A call spends most of its time waiting, for its file reads and then
         for one nvCOMP call, so one call's reads overlap another's decode; on
-        the GPU each thread has its own stream. (4 calls in flight read 2231
-        windows/s against 1863 one at a time on an H100, with nvCOMP's Python
-        calls, which hold the GIL; 1834-1960 against 1757-1798 on an H200 with
-        its C functions.) At most ``in_flight`` batches are being
+        the GPU each thread has its own stream. At most ``in_flight`` batches are being
         read, plus the one the caller holds. The threads belong to the
         sampler and serve its later ``batches`` too (so a loop that calls
         ``batches`` every epoch does not make new threads, streams and nvCOMP

@@ -141,8 +141,8 @@ def checked_steps(n: int, count: int = CHECKED_STEPS) -> list[int]:
     """The time steps of an anomaly checked against numpy: ``count`` spread evenly, the first and the last.
 
     Every step would cost as much as the benchmark. A wrong task writes a wrong tile into each step of its
-    block (session 18: a race made 1 to 3 of 80 tasks per run wrong, at none of the first, middle and last
-    steps, the only ones checked then). With 33 steps, 2400 steps are checked 75 apart: at least once in
+    block, which may miss the first, middle and last steps alone (a past race made 1 to 3 of 80 tasks
+    wrong, at none of them). With 33 steps, 2400 steps are checked 75 apart: at least once in
     every block of 75 steps or more, which the benchmark's blocks (400 to 600 steps) are.
     """
     return sorted({int(t) for t in np.linspace(0, n - 1, min(n, count))} | {0, n // 2, n - 1})
@@ -153,8 +153,8 @@ def _settle_disk() -> None:
 
     The data writer and every checked anomaly leave gigabytes of dirty pages;
     the kernel writes them back when it sees fit, and a section that runs
-    meanwhile shares the disk with that writeback (measured: the same
-    anomaly's writes took 14.7 or 23.5 task-seconds in back-to-back runs).
+    meanwhile shares the disk with that writeback (the same anomaly's
+    writes can take half as long again in back-to-back runs).
     """
     if hasattr(os, "sync"):
         os.sync()
@@ -300,9 +300,8 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
 
 def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
-    # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed. Suspected,
-    # not shown: on an H100 our dask row read 3.34 GB/s after the variant had stored 23 GiB, 10.88 in another
-    # run; with this flush it read 4.69 in a third, so the rows stay noisy there
+    # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed; rows that
+    # follow a large write stay noisy all the same
     os.sync()
     env = dict(os.environ)
     env.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)
@@ -333,8 +332,8 @@ def selected_rows(rows: str | None) -> list[str]:
 
 
 #: time steps of the GPU default: 9.3 GiB, so allowed_mem (a tenth) is 0.93 GiB, a per-task budget a GPU
-#: job would give. At 400 steps (158 MiB) the variant's blocks were 17 MB, which this machine's read path
-#: turns into 3.7-5.0 GB/s against 12-12.8 for the dask path's 415 MB blocks (tools/gpu_probe_blocks.py).
+#: job would give. Smaller arrays give the variant blocks of a few tens of MB, which the read path decodes
+#: at a fraction of the rate of the dask path's blocks.
 GPU_STEPS = 2400
 
 

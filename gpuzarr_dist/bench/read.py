@@ -100,7 +100,7 @@ def _time(fn: Callable[[], None], repeat: int, files: list[str] | None) -> float
 
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench read``; returns the exit status."""
-    from gpuzarr_dist.demo import make_era5_like
+    from gpuzarr_dist.synthetic import make_era5_like
     from gpuzarr_dist.cuda.device import resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")

@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import Any
 
+from gpuzarr_dist import config
 from gpuzarr_dist.bench.report import Row, format_table, save
 from gpuzarr_dist.bench.shards import _best, _stored, write_variants
 
@@ -95,8 +96,6 @@ def _raw_s3fs(endpoint: str, bucket: str, keys: list[str], concurrency: int) -> 
 
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench remote``."""
-    import dask
-
     from gpuzarr_dist.cuda.device import gpu_status, resolve_device
     from gpuzarr_dist.stores.remote import ObjectChunkStore
 
@@ -112,7 +111,7 @@ def run(args) -> int:
     steps = getattr(args, "time_steps", None) or (8 if quick else 480 if device == "gpu" else 48)
     nlat, nlon = (181, 360) if quick else (721, 1440)
     repeat = 1 if quick else 3
-    concurrency = int(dask.config.get("gpuzarr.remote.concurrency"))
+    concurrency = config.remote_concurrency()
     out_dir = getattr(args, "out", None) or "bench-results"
     tmp = None
     root = getattr(args, "path", None)

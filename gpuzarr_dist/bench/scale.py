@@ -80,7 +80,7 @@ def _gpu_count() -> int:
 
 
 def _make_store(path: str, steps: int, seed: int) -> Any:
-    from gpuzarr_dist.demo import make_era5_like
+    from gpuzarr_dist.synthetic import make_era5_like
 
     return make_era5_like(path, steps, seed=seed)
 

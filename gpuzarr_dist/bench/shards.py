@@ -34,12 +34,12 @@ def write_variants(root: str, steps: int, nlat: int, nlon: int, shard_t: int) ->
     import zarr
     import zarr.codecs as zc
 
-    from gpuzarr_dist.demo import _Field
+    from gpuzarr_dist.synthetic import Field
 
     paths = {k: os.path.join(root, f"{k}.zarr") for k in ("unsharded", "inner256k", "inner1m")}
     if all(os.path.exists(os.path.join(p, "zarr.json")) and os.path.exists(os.path.join(p, ".complete")) for p in paths.values()):
         return paths
-    field = _Field(7, nlat, nlon)
+    field = Field(7, nlat, nlon)
     zstd = zc.ZstdCodec(level=0)
     arrays = {
         "unsharded": zarr.create_array(paths["unsharded"], shape=(steps, nlat, nlon), dtype="float32",

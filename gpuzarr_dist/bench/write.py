@@ -35,9 +35,9 @@ def _stored(path: str) -> int:
 
 
 def _data(steps: int) -> np.ndarray:
-    from gpuzarr_dist.demo import _Field, _slabs
+    from gpuzarr_dist.synthetic import Field, slabs
 
-    return np.concatenate(list(_slabs(_Field(seed=0), steps)))
+    return np.concatenate(list(slabs(Field(seed=0), steps)))
 
 
 def _sync(device: str) -> None:
@@ -55,7 +55,7 @@ def run(args) -> int:
     import zarr.codecs as zc
 
     from gpuzarr_dist.cuda.device import gpu_status, resolve_device
-    from gpuzarr_dist.array.write import to_zarr_gpu
+    from gpuzarr_dist.api import to_zarr_gpu
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -124,8 +124,8 @@ def run(args) -> int:
         path = os.path.join(tmp.name, folder)
         times = []
         for k in range(repeat + 1):  # run 0 warms up: imports, CUDA context, nvCOMP handles, thread pools
-            # the last run's output goes before the clock starts: removing 600 files took 160-320 ms on the
-            # H200 machine's disk, a third of a whole write, and no user's write pays it
+            # the last run's output goes before the clock starts: removing its files can take a third of a
+            # whole write's time, and no user's write pays it
             shutil.rmtree(path, ignore_errors=True)
             t0 = time.perf_counter()
             fn(path)
@@ -166,14 +166,14 @@ def run(args) -> int:
 
 def _small_chunk(block_steps: int, mib: float) -> tuple[int, ...]:
     """A chunk shape of about ``mib`` MiB dividing one time step (so it divides the blocks too)."""
-    from gpuzarr_dist.array.write import split_shape
+    from gpuzarr_dist.core.layout import split_shape
 
     return (1, *split_shape(CHUNK[1:], 4, max(1, int(mib * 2**20))))
 
 
 def _stages(x, device: str, block_steps: int, small: list[tuple[int, ...]], folder: str, quick: bool) -> None:
     """Per-stage timings of one block on one thread, then thread scaling, for each layout of the table."""
-    from gpuzarr_dist.array.write import plan_layout
+    from gpuzarr_dist.core.layout import plan_layout
     from gpuzarr_dist.bench.write_stages import stage_times, thread_scaling
 
     gpu = device == "gpu"

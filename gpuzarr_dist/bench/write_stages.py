@@ -1,6 +1,6 @@
 """Where a ``to_zarr_gpu`` block's time goes: each stage of one block's write timed alone, then thread scaling.
 
-Used by ``gpuzarr-dist bench write`` and ``tools/gpu_probe_write.py``. Stages,
+Used by ``gpuzarr-dist bench write``. Stages,
 for one block on one thread (best of 3, the stream synchronised after each):
 
 - ``chunk grid``: the block cut into its chunks, one contiguous ``(n, *chunk)`` array (a copy kernel on the GPU);
@@ -30,12 +30,13 @@ def block_writer(folder: str, block_shape: tuple[int, ...], nblocks: int, dtype:
                  shard: tuple[int, ...] | None, codec: str = "zstd", device: str = "auto") -> Any:
     """A :class:`~gpuzarr_dist.array.write.BlockWriter` for an array of ``nblocks`` blocks along axis 0, under ``folder``."""
     from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
-    from gpuzarr_dist.array.write import BlockWriter, _codec_objects, _open_target, create_metadata
+    from gpuzarr_dist.array.write import BlockWriter
+    from gpuzarr_dist.stores.target import codec_objects, create_metadata, open_target
 
     shape = (block_shape[0] * nblocks, *block_shape[1:])
-    t = _open_target(folder, None, None)
+    t = open_target(folder, None, None)
     arr = create_metadata(t, shape=shape, dtype=np.dtype(dtype), chunk=chunk, shard=shard,
-                          compressors=_codec_objects(codec, None, False), fill_value=None, attributes=None,
+                          compressors=codec_objects(codec, None, False), fill_value=None, attributes=None,
                           dimension_names=None, overwrite=True, resume=False)
     spec = spec_from_zarr_metadata(arr.metadata, t.name)
     chunks = tuple((b,) * (s // b) for b, s in zip(block_shape, shape))
@@ -55,7 +56,7 @@ def _best(fn: Callable[[], Any], repeat: int = 3) -> float:
 def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | None, gpu: bool,
                 folder: str | None = None) -> list[str]:
     """Lines giving each write stage's seconds and GB/s for ``block`` (numpy or cupy) on this thread."""
-    from gpuzarr_dist.array.write import chunk_grid
+    from gpuzarr_dist.codecs.encode import chunk_grid
 
     nbytes = block.nbytes
     with tempfile.TemporaryDirectory(prefix="gpuzarr-stages-", dir=folder) as d:
@@ -63,7 +64,7 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
                          device="gpu" if gpu else "cpu")
         spec = w.spec
         start = (0,) * block.ndim
-        first, grid, coords = w._chunk_layout(tuple(block.shape), start)
+        first, grid, coords = w.chunk_layout(tuple(block.shape), start)
         keys = [spec.chunk_key(c) for c in coords]
         times: dict[str, float] = {}
         if gpu:
@@ -153,7 +154,7 @@ def _sync(gpu: bool) -> None:
 def thread_scaling(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | None, gpu: bool,
                    counts: tuple[int, ...] = (1, 4, 8, 16), nblocks: int = 16, folder: str | None = None) -> list[str]:
     """GB/s of ``nblocks`` copies of ``block`` encoded (only) and written (whole) on 1..16 threads, no dask."""
-    from gpuzarr_dist.array.write import chunk_grid
+    from gpuzarr_dist.codecs.encode import chunk_grid
 
     lines = [f"thread scaling, {nblocks} blocks of {block.nbytes / 1e6:.0f} MB, chunks {tuple(chunk)}"
              f"{f', shards {tuple(shard)}' if shard else ''}; GB/s of uncompressed data:"]
@@ -165,7 +166,7 @@ def thread_scaling(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | 
         starts = [(i * block.shape[0],) + (0,) * (block.ndim - 1) for i in range(nblocks)]
 
         def encode_only(i: int) -> None:
-            first, grid, coords = w._chunk_layout(tuple(block.shape), starts[i])
+            first, grid, coords = w.chunk_layout(tuple(block.shape), starts[i])
             keys = [spec.chunk_key(c) for c in coords]
             if gpu:
                 import cupy

@@ -80,7 +80,7 @@ ZSTD_OK, ZSTD_NOT_FRAME, ZSTD_HEADER_CUT, ZSTD_RESERVED_BLOCK, ZSTD_NO_SIZE, ZST
 
 
 def zstd_verdicts(fcs: np.ndarray, length: np.ndarray, deep: np.ndarray, sizes: Sequence[int], expected: int) -> np.ndarray:
-    """Each frame's verdict from the device walk's outputs (see :func:`.gpu._zstd_frames`), all frames at once."""
+    """Each frame's verdict from the device walk's outputs (see :func:`gpuzarr_dist.cuda.zstd.zstd_frames`), all frames at once."""
     sz = np.asarray(sizes, dtype=np.int64)
     fcs, length, deep = np.asarray(fcs), np.asarray(length), np.asarray(deep)
     conditions = [

@@ -73,9 +73,9 @@ class ShardIndex:
         """:meth:`decode` of each of ``raws`` (``None`` stays ``None``), numpy over all of them at once.
 
         For the usual index codecs (``bytes``, then ``crc32c`` or nothing) the
-        indexes are checked and read as one array: a block's 56 shard indexes
-        went through the codec pipeline one by one, about 2 ms of Python per
-        block with the GIL held (py-spy, session 22). A row that fails a check
+        indexes are checked and read as one array, not one by one through the
+        codec pipeline (about 2 ms of Python, the GIL held, for a block's 56
+        shard indexes). A row that fails a check
         is decoded again by :meth:`decode`, which raises its error.
         """
         present = [i for i, r in enumerate(raws) if r is not None]

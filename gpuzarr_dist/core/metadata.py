@@ -138,7 +138,7 @@ class ChunkKeys(list):
     key's shard number among them) and ``inner`` (each key's C-order position in its shard), int64 arrays.
 
     The keys are built from chunk coordinates, so the store need not split thousands of strings again per
-    block (py-spy: about 2 ms a block of 4000 inner chunks, with the GIL held, on the GPU machine). A slice
+    block (about 2 ms of Python for a block of 4000 inner chunks, with the GIL held). A slice
     or a copy is a plain list, which the store parses.
     """
 

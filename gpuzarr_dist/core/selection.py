@@ -36,10 +36,10 @@ class Plan:
     :attr:`parts` (one :class:`ChunkPart` per chunk) is built the first time
     it is asked for. The GPU read of a whole or trimmed grid never asks: it
     takes the chunk coordinates as one array (:meth:`coords`) and the grid's
-    corners (:attr:`first`, :attr:`last`). A block of 3528 inner chunks made
-    about 14,000 tuples that outlived the task; 5 blocks at once set off a full
-    garbage collection of 100-113 ms (holding the GIL) in every sharded time
-    mean on an H200 (session 20).
+    corners (:attr:`first`, :attr:`last`), so a block of thousands of inner
+    chunks makes no per-chunk objects: tens of thousands of tuples alive in
+    several blocks at once set off Python's full garbage collections (about
+    100 ms each, the GIL held).
     """
 
     __slots__ = ("out_shape", "final_index", "axes", "_parts")

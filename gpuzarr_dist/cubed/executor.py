@@ -148,15 +148,14 @@ class ThreadsExecutor(DagExecutor):
             except ImportError:  # pragma: no cover
                 pass
             return n, []
-        import cupy
+        from gpuzarr_dist.cuda.device import device_count, device_memory_info
 
-        ids = self.devices if self.devices is not None else list(range(cupy.cuda.runtime.getDeviceCount()))
+        ids = self.devices if self.devices is not None else list(range(device_count()))
         if not ids:
             raise ValueError("no CUDA device to run on")
         fit = []
         for d in ids:
-            with cupy.cuda.Device(d):
-                free, total = cupy.cuda.runtime.memGetInfo()
+            free, total = device_memory_info(d)
             if allowed and allowed > total:
                 raise ValueError(f"allowed_mem ({allowed}) is more than GPU {d}'s memory ({total})")
             fit.append(max(1, int(0.9 * free // allowed)) if allowed else 8)
@@ -178,11 +177,11 @@ class ThreadsExecutor(DagExecutor):
 
         def init() -> None:
             if ids:
-                import cupy
+                from gpuzarr_dist.cuda.device import use_device
 
                 with lock:
                     i = next(counter)
-                cupy.cuda.Device(ids[i % len(ids)]).use()
+                use_device(ids[i % len(ids)])
 
         window = 4 * n
         with ThreadPoolExecutor(n, thread_name_prefix="gpuzarr-cubed", initializer=init) as pool:
@@ -347,9 +346,9 @@ class DistributedExecutor(DagExecutor):
 def _device_memory() -> int:
     """Run in a worker: its current GPU's total memory (0 without one)."""
     try:
-        import cupy
+        from gpuzarr_dist.cuda.device import device_memory_info
 
-        return int(cupy.cuda.runtime.memGetInfo()[1])
+        return device_memory_info()[1]
     except Exception:
         return 0
 

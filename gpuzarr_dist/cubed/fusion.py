@@ -6,9 +6,9 @@ operation with every predecessor that has no other consumer. For
 partial sums, divide, squeeze: one task per spatial block) into the subtract
 (one task per time x spatial block): each subtract task re-reads the mean's
 last partials (``n`` int64 and ``total`` float64 per point, several time
-partials deep) and recombines them. Measured on the CPU (48 x 721 x 1440
-float32, blocks of 8 time steps): the partials it re-read were as many bytes
-as the block of ``x`` itself. Dask computes the mean once and broadcasts it.
+partials deep) and recombines them: with blocks of a few time steps, the
+partials it re-reads are as many bytes as the block of ``x`` itself. Dask
+computes the mean once and broadcasts it.
 
 ``optimize_dag`` does what cubed does but never fuses an operation into a
 consumer that has more tasks than it (a fan-out: each of its blocks would be

@@ -1,12 +1,12 @@
 """Memory: the per-task budget split (``reserved_mem`` and read blocks) and the measured peak of each task.
 
-Budget (documented in the README, "Cubed"): cubed projects a task that reads
+Budget (documented in the Cubed guide): cubed projects a task that reads
 an input chunk of ``B`` bytes as ``reserved_mem`` + ``B`` (its read buffer:
 here the compressed bytes on the device, at most ``B`` for incompressible
 data) + ``B`` (the array) + 2 x its output chunk. What cubed does not see is
 the decoder's workspace, so it goes into ``reserved_mem``: nvCOMP's zstd
 scratch space, 3.05 bytes per decoded byte of one call
-(``nvcompBatchedZstdDecompressGetTempSize`` on an H200, nvCOMP 6.0, for 8 to
+(``nvcompBatchedZstdDecompressGetTempSize`` of nvCOMP 6.0, for 8 to
 4096 frames of 256 KiB and 8 to 256 of 2 MB: the same ratio). A GPU read
 decodes its block in :data:`DECODE_SPLIT` calls, slabs of its chunk grid of
 at most ``read_block / 2`` decoded bytes each (:func:`decode_limit`,
@@ -22,13 +22,10 @@ scratch (``1.525 B``) at once: at most ``4.03 B``, within the projection
 and ``from_zarr_gpu`` reads blocks of at most ``min(read_block, (allowed_mem -
 reserved_mem) / 4)`` bytes (0.181 x allowed_mem on the GPU, 0.125 x on the CPU),
 split evenly along the axis that is split, so cubed's projection fits
-``allowed_mem``. History: until session 18 the GPU's workspace was 4.2 (a
-compressed copy counted a second time; blocks of 0.119 x allowed_mem); in
-session 18 3.05, one decode call per block (0.141 x); from session 19 two
-calls (0.181 x). Why two calls: the benchmark's 2400 steps then read in 4
-blocks along time, not 5, and cubed's mean (``split_every`` 4) combines them
-in the operation that reads them instead of a second one (16 tasks, 0.16 s of
-a 0.95 s mean on an H200, session 19).
+``allowed_mem``. The GPU decodes a block in two calls (half the zstd scratch
+of one call), so blocks are larger than with one: the benchmark's 2400 steps
+read in 4 blocks along time, not 5, and cubed's mean (``split_every`` 4)
+combines them in the operation that reads them instead of a second one.
 
 Measured peak per task: on the GPU, the bytes a task's thread holds from
 CuPy's memory pool (a thread-local CuPy memory hook: allocations made in the
@@ -53,7 +50,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-#: nvCOMP's zstd decode scratch per decoded byte (H200, nvCOMP 6.0; the same for 8 to 4096 frames)
+#: nvCOMP's zstd decode scratch per decoded byte (nvCOMP 6.0; the same for 8 to 4096 frames)
 ZSTD_SCRATCH = 3.05
 #: a GPU read decodes its block in calls of at most 1 / this of the read block (rows of its chunk grid)
 DECODE_SPLIT = 2
@@ -152,45 +149,13 @@ class _TracemallocMeasure(_Measure):
         self.peak = max(0, tracemalloc.get_traced_memory()[1] - self._base)
 
 
-_hook_cls: Any = None
-
-
-def _gpu_hook_class() -> Any:
-    global _hook_cls
-    if _hook_cls is None:
-        from cupy.cuda import memory_hook
-
-        class ThreadPeakHook(memory_hook.MemoryHook):
-            """Counts what this thread takes from and gives back to CuPy's pool (hooks are thread-local)."""
-
-            name = "gpuzarr-cubed-peak"
-
-            def __init__(self) -> None:
-                self.live: dict[int, int] = {}
-                self.current = 0
-                self.peak = 0
-
-            def malloc_postprocess(self, device_id: int, size: int, mem_size: int, mem_ptr: int,
-                                   pmem_id: int) -> None:
-                self.live[mem_ptr] = mem_size
-                self.current += mem_size
-                if self.current > self.peak:
-                    self.peak = self.current
-
-            def free_postprocess(self, device_id: int, mem_size: int, mem_ptr: int, pmem_id: int) -> None:
-                n = self.live.pop(mem_ptr, None)
-                if n is not None:
-                    self.current -= n
-
-        _hook_cls = ThreadPeakHook
-    return _hook_cls
-
-
 class _GpuMeasure(_Measure):
     """Peak bytes the task's thread held from CuPy's device memory pool."""
 
     def __enter__(self) -> "_GpuMeasure":
-        self._hook = _gpu_hook_class()()
+        from gpuzarr_dist.cuda.memory import thread_peak_hook
+
+        self._hook = thread_peak_hook()
         self._hook.__enter__()
         return self
 

@@ -24,10 +24,10 @@ def output_chunks(block: tuple[int, ...], itemsize: int, chunks: Any, name: str)
     tasks at once (zarr-python reads, merges and rewrites it): one of the
     writes could be lost, so it is refused.
     """
-    from gpuzarr_dist.array.write import _as_shape, block_chunks
+    from gpuzarr_dist.core.layout import as_shape, block_chunks
 
     block = tuple(max(int(b), 1) for b in block)
-    chunk = block_chunks(block, itemsize) if chunks is None else _as_shape(chunks, len(block), "chunks", block)
+    chunk = block_chunks(block, itemsize) if chunks is None else as_shape(chunks, len(block), "chunks", block)
     bad = [ax for ax, (b, c) in enumerate(zip(block, chunk)) if b % c]
     if bad:
         raise ValueError(f"{name}: chunks {chunk} do not divide the array's blocks {block} along axis {bad[0]}; "
@@ -80,19 +80,18 @@ def to_zarr(
         tasks, so ``x - mean(x, axis=0)`` computes the mean once rather than in
         every subtract task. Pass ``optimize_function=`` to choose another, or
         ``None`` for cubed's own (``multiple_inputs_optimize_dag``; with the
-        benchmark's blocks of 600 steps it fused the whole mean into every
-        subtract task and read the source five times over: 0.32x our dask
-        path on an H200, against 0.54x, session 19).
+        benchmark's blocks of 600 steps it fuses the whole mean into every
+        subtract task and reads the source five times over).
     """
     import cubed
 
-    from gpuzarr_dist.array.write import _codec_objects, _open_target, create_metadata
+    from gpuzarr_dist.stores.target import codec_objects, create_metadata, open_target
 
-    target = _open_target(store, path, storage_options)
+    target = open_target(store, path, storage_options)
     dtype = np.dtype(x.dtype)
     chunk = output_chunks(tuple(x.chunksize), dtype.itemsize, chunks, target.name)
     z = create_metadata(target, shape=tuple(x.shape), dtype=dtype, chunk=chunk, shard=None,
-                        compressors=_codec_objects(codec, level, crc32c), fill_value=fill_value, attributes=None,
+                        compressors=codec_objects(codec, level, crc32c), fill_value=fill_value, attributes=None,
                         dimension_names=None, overwrite=overwrite, resume=False)
     if "optimize_function" not in compute_kwargs:
         from gpuzarr_dist.cubed.fusion import optimize_dag

@@ -127,8 +127,8 @@ class SourceArray:
     the plan, not an operation. So an array used twice (``x - x.mean(0)``) is
     read from the source by each operation that uses it, fused into that
     operation's tasks, instead of being written whole to an intermediate Zarr
-    array by a read operation and read back twice (measured on the CPU: that
-    copy was 31% of the anomaly's time, and it doubled the bytes encoded).
+    array by a read operation and read back twice (a copy that would cost
+    about a third of an anomaly's time and double the bytes encoded).
     ``chunks`` (cubed's block shape) is a whole multiple of the Zarr chunks, so
     each task's read is one batched decode. Picklable (the reader travels).
     """

@@ -206,10 +206,11 @@ class IntermediateArray:
         w = _writers.get(key)
         if w is None:
             from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
-            from gpuzarr_dist.array.write import BlockWriter, _open_target
+            from gpuzarr_dist.array.write import BlockWriter
+            from gpuzarr_dist.stores.target import open_target
 
             try:
-                target = _open_target(z.store, z.path, None)
+                target = open_target(z.store, z.path, None)
                 spec = spec_from_zarr_metadata(z.metadata, target.name)
                 w = unencodable(spec) or BlockWriter(spec, target.writer(target.name), tuple((n,) for n in spec.shape),
                                                      "auto")
@@ -254,9 +255,9 @@ class IntermediateGroup:
     field) whose fields are read and written through :class:`IntermediateArray`, i.e. our batched paths.
 
     Cubed reads such a group with ``group[selection]`` (a dict of field blocks) and writes it with
-    ``group.set_basic_selection(selection, block, fields=name)``. Before this, those blocks went
-    through zarr-python (on the CPU measured: a third of the anomaly's fused subtract task, which
-    re-reads the mean's last partials for each of its blocks).
+    ``group.set_basic_selection(selection, block, fields=name)``. Through zarr-python those blocks
+    would cost about a third of the anomaly's fused subtract task, which re-reads the mean's last
+    partials for each of its blocks.
     """
 
     def __init__(self, group: Any, device: str, decode_bytes: int | None = None):

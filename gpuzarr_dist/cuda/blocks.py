@@ -20,11 +20,11 @@ preparation, not after everyone's.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from typing import TYPE_CHECKING
 
 import cupy
 import numpy as np
 
+from gpuzarr_dist.core.plan_reader import PlanReader
 from gpuzarr_dist.core.selection import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
@@ -34,9 +34,6 @@ from gpuzarr_dist.cuda.sources import source
 from gpuzarr_dist.runtime.threads import read_slot
 from gpuzarr_dist.runtime.once import warn_once
 
-if TYPE_CHECKING:
-    from gpuzarr_dist.array.reader import BlockReader
-
 _warned: set[str] = set()
 
 
@@ -45,7 +42,7 @@ def _warn_cpu_fallback(codec: str, array: str) -> None:
               "copied to the GPU once per block (warned once per codec)", stacklevel=4)
 
 
-def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
+def read_plan_gpu(reader: PlanReader, plan: Plan) -> cupy.ndarray:
     """Read the chunks of ``plan`` into a new device array of ``plan.out_shape``."""
     spec, pipeline = reader.spec, reader.pipeline
     stream = thread_stream()
@@ -54,7 +51,7 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
     unsupported = gpu_unsupported(pipeline)
     if unsupported is not None:
         _warn_cpu_fallback(unsupported, spec.name)
-        host = reader._read_plan_cpu(plan, out=pinned_empty(plan.out_shape, spec.dtype))
+        host = reader.read_plan_cpu(plan, out=pinned_empty(plan.out_shape, spec.dtype))
         out = cupy.empty(plan.out_shape, dtype=spec.dtype)
         out.set(host, stream=stream)
         stream.synchronize()
@@ -68,8 +65,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
 
         def staging(nbytes: int):
             preparing.close()  # prepared: the next block's preparation runs beside this one's reads
-            # the buffer before the turn: pinning new memory (a staging pool miss) took 100-250 ms for 512 MiB
-            # on an H200, and inside the turn every other block's reads waited for it
+            # the buffer before the turn: pinning new memory (a staging pool miss) takes 100-250 ms for 512 MiB,
+            # and inside the turn every other block's reads would wait for it
             buf = pinned_staging(nbytes)
             if not turn_taken and nbytes >= turn_min:  # a small read takes no turn (gpuzarr.gpu.read-slot-min)
                 turn_taken.append(turn.enter_context(read_slot(slots)))
@@ -80,8 +77,8 @@ def read_plan_gpu(reader: "BlockReader", plan: Plan) -> cupy.ndarray:
         host, offsets, sizes = reader.store.read_into(keys, staging, ALIGN, framing_lead(pipeline))
     timed("read files")
     try:
-        # the block's device array after its reads: an object store's first request leaves sooner (each block
-        # task spent 2-22 ms before its first request, this allocation among it, on the GPU machine)
+        # the block's device array after its reads: an object store's first request leaves sooner (the
+        # allocation would otherwise sit between the task's start and its first request)
         out = cupy.empty(plan.out_shape, dtype=spec.dtype)
         stored = np.asarray(sizes, dtype=np.int64) >= 0
         missing = np.flatnonzero(~stored).tolist()  # no loop per chunk: see below
@@ -156,9 +153,8 @@ def _place_trimmed_grid(out: cupy.ndarray, chunks: cupy.ndarray, plan: Plan, chu
     A shard at the edge of the array (e.g. 768 x 1536 over 721 x 1440) makes
     every block a trimmed grid of dozens of inner chunks: one ``out[...] =``
     per chunk cost a kernel launch and its Python each. The kernel reads each
-    element from its chunk directly (a padded block cut afterwards cost a
-    second copy and an allocation as large as the block: 88 ms per 800 MB
-    block of 256 KiB inner chunks under 16 threads, H200, session 17).
+    element from its chunk directly (a padded block cut afterwards would cost
+    a second copy and an allocation as large as the block).
     """
     first, last = plan.first, plan.last
     grid = tuple(b - a + 1 for a, b in zip(first.coords, last.coords))

@@ -34,21 +34,22 @@ import cupy
 import numpy as np
 
 from gpuzarr_dist.codecs import blosc_frames as bf
+from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.config import deflate_check
 from gpuzarr_dist.cuda.blosc_kernels import GATHER_SRC, SEGMENT, UNSHUFFLE_SRC, segments
-from gpuzarr_dist.cuda.deflate_walk import DEFLATE_ZLIB
 from gpuzarr_dist.cuda.deflate import adler32_mismatches, deflate_suspects, warn_cpu_fallback
+from gpuzarr_dist.cuda.deflate_walk import DEFLATE_ZLIB
 from gpuzarr_dist.cuda.fallback import cpu_diagnose, judge_on_cpu
 from gpuzarr_dist.cuda.launch import kernel
 from gpuzarr_dist.cuda.lz4 import lz4_lengths
 from gpuzarr_dist.cuda.nvcomp_calls import decode_spans
 from gpuzarr_dist.cuda.steps import DeviceSteps, register
-from gpuzarr_dist.cuda.zstd import NoStatedSize, zstd_frames
-from gpuzarr_dist.codecs.pipeline import CodecPipeline
-from gpuzarr_dist.config import deflate_check
-from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.cuda.streams import on_stream, upload
+from gpuzarr_dist.cuda.zstd import NoStatedSize, zstd_frames
+from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.runtime.once import warn_once
-from gpuzarr_dist.runtime.stages import enabled as _stages_enabled, stage_timer
+from gpuzarr_dist.runtime.stages import enabled as _stages_enabled
+from gpuzarr_dist.runtime.stages import stage_timer
 
 #: the largest stream nvCOMP's batched LZ4 and zstd decoders take (16 MiB)
 MAX_STREAM = 1 << 24

@@ -4,20 +4,13 @@ Used for decodes under ``gpuzarr.gpu.decode-combine`` (off by default) and,
 always, for encodes through nvCOMP's C functions, which share one scratch
 buffer per process (``codecs.gpu_encode._encode_joined``).
 
-Measured on an H100 (session 14, ``nvidia-nvcomp`` 6): one nvCOMP zstd decode
-call takes about the same time whether it decodes 56 frames of 2.1 MB or 448
-(11.0 against 13.5 ms: 10.6 against 69 GB/s), and calls made from 8 threads,
-each on its own stream, ran one after another (8 threads x 56 frames: 12.6
-GB/s in all). So the decode rate of a process is about the frames per call
-divided by the time of one call, and small blocks (a Cubed task's, a window
-batch's) leave most of the GPU unused. Joining the calls that wait at the
-same moment into one call decodes all their frames for the price of one.
-
-Found later (session 15, H200): the Python calls ran one after another
-because nvCOMP's Python ``decode`` holds the GIL until its GPU work is done.
-With nvCOMP's C functions threads' decode calls overlap (16 threads x 56
-frames: 72.8 GB/s, against 55.3 joined), so decodes are not joined by
-default.
+One nvCOMP zstd decode call takes about the same time whether it decodes 56
+frames or 448, so small batches (a Cubed task's, a window batch's) leave
+most of the GPU unused if their calls run one after another. Joining the
+calls that wait at the same moment into one call decodes all their frames
+for the price of one. Through nvCOMP's C functions (the default) the
+threads' decode calls overlap on the GPU and do better than joined, so
+decodes are not joined by default.
 
 The joining is flat combining: a thread that finds no call running becomes
 the leader and makes one call for every request queued (its own first);

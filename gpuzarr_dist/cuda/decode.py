@@ -31,14 +31,15 @@ import numpy as np
 from gpuzarr_dist.codecs import host_checks
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.config import gpu_min_batch_bytes, gpu_min_batch_chunks
-from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.cuda import codecs as _codecs  # noqa: F401 - registers every compressor's device steps
 from gpuzarr_dist.cuda.fallback import decode_on_cpu, judge_on_cpu
 from gpuzarr_dist.cuda.memory import is_out_of_memory
 from gpuzarr_dist.cuda.nvcomp_calls import nvcomp_decode, small_tables
 from gpuzarr_dist.cuda.steps import Batch, DeviceSteps, device_steps
 from gpuzarr_dist.cuda.streams import on_stream, settle
-from gpuzarr_dist.runtime.stages import enabled as _stages_enabled, stage_timer
+from gpuzarr_dist.errors import ChunkDecodeError
+from gpuzarr_dist.runtime.stages import enabled as _stages_enabled
+from gpuzarr_dist.runtime.stages import stage_timer
 
 #: bytes kept free before and after nvCOMP's output slots (deflate reaches back at most 32 KiB)
 OUTPUT_GUARD = 1 << 16

@@ -29,8 +29,14 @@ import numpy as np
 
 from gpuzarr_dist.codecs import host_checks
 from gpuzarr_dist.config import deflate_check
-from gpuzarr_dist.cuda.deflate_walk import (ADLER32_SEGMENT, ADLER32_SRC, DEFLATE_GZIP, DEFLATE_WALK_SRC, DEFLATE_ZLIB,
-                                           walk_reason)
+from gpuzarr_dist.cuda.deflate_walk import (
+    ADLER32_SEGMENT,
+    ADLER32_SRC,
+    DEFLATE_GZIP,
+    DEFLATE_WALK_SRC,
+    DEFLATE_ZLIB,
+    walk_reason,
+)
 from gpuzarr_dist.cuda.launch import kernel
 from gpuzarr_dist.cuda.steps import Batch, DeviceSteps, Suspects, register
 from gpuzarr_dist.cuda.streams import on_stream, upload

@@ -1,4 +1,5 @@
-"""Which device a read runs on: ``"cpu"`` or ``"gpu"``, and whether a GPU is usable.
+"""Which device a read runs on: ``"cpu"`` or ``"gpu"``, whether a GPU is usable, and the few device calls
+the layers above the seam need (device count and memory, the current device, an array's module).
 
 The check imports cupy and nvCOMP only when asked, never at import time, so the
 package imports on machines without CUDA and the scheduler never needs a GPU.
@@ -8,6 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from typing import Any
+
+import numpy as np
 
 from gpuzarr_dist.errors import DeviceUnavailableError
 
@@ -74,3 +78,67 @@ def resolve_device(device: str) -> str:
     if not ok:
         raise DeviceUnavailableError(f"device='gpu' was asked for, but {why}. Use device='cpu' or 'auto'.")
     return "gpu"
+
+
+# --------------------------------------------------------------------------- for the layers above the seam
+# (each imports cupy only when called, and only on a path that has chosen the GPU)
+
+
+def array_module(block: Any) -> Any:
+    """numpy, or cupy for a cupy block (already imported then: the block came from it)."""
+    if type(block).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def device_empty(shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialised cupy array of ``shape`` on the current device (e.g. a dask ``meta`` of shape ``(0, ...)``)."""
+    import cupy
+
+    return cupy.empty(shape, dtype=dtype)
+
+
+def device_count() -> int:
+    """The number of CUDA devices this process sees (raises where CUDA is not usable)."""
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())
+
+
+def device_memory_info(device: int | None = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of memory of CUDA device ``device`` (the current device where ``None``)."""
+    import cupy
+
+    if device is None:
+        free, total = cupy.cuda.runtime.memGetInfo()
+    else:
+        with cupy.cuda.Device(device):
+            free, total = cupy.cuda.runtime.memGetInfo()
+    return int(free), int(total)
+
+
+def use_device(device: int) -> None:
+    """Make CUDA device ``device`` the calling thread's current device."""
+    import cupy
+
+    cupy.cuda.Device(device).use()
+
+
+def share_device_pool() -> str:
+    """Make CuPy allocate from RMM's current memory resource in this process (CuPy's own pool without rmm).
+
+    Returns a short description of the allocator now in use. nvCOMP keeps its
+    own allocator: routing its workspace through CuPy's pool gains no decode
+    speed, grows the pool to 60-90 GiB, and crashes the process at exit
+    (nvCOMP freeing pool memory during interpreter shutdown).
+    """
+    import cupy
+
+    try:
+        from rmm.allocators.cupy import rmm_cupy_allocator
+    except ImportError:
+        return "CuPy's memory pool (rmm is not installed)"
+    cupy.cuda.set_allocator(rmm_cupy_allocator)
+    return "RMM"

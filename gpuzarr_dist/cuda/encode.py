@@ -8,7 +8,7 @@ on the device for a big-endian ``bytes`` codec) go to nvCOMP in one batched
 checksummed on the host where that is cheap:
 
 - ``zstd``: nvCOMP ``Zstd`` with ``BitstreamKind.RAW`` writes standard zstd
-  frames (the shared GPU notes: numcodecs decodes them). nvCOMP's zstd encoder
+  frames (numcodecs decodes them). nvCOMP's zstd encoder
   takes no compression level: ``level`` applies to CPU writes and is recorded
   in the metadata, where decoders ignore it.
 - ``gzip``: nvCOMP ``Deflate`` (raw deflate, RFC 1951) inside a gzip member
@@ -212,10 +212,9 @@ def _encode_joined(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int],
                    out_ptrs: list[int]) -> list[int]:
     """Encode chunks through nvCOMP's C API, in one call with the encodes other threads ask for at the same time.
 
-    nvCOMP's zstd encoder asks 1.13 GB of scratch for any call (H200) and
-    encodes many chunks a call far faster than few (one thread: 0.53 GB/s with
-    4 chunks of 4.17 MB a call, 10.2 with 150), and threads' calls did not
-    add up (28 chunks a call: 7.0-8.2 GB/s from 4-16 threads). So the process
+    nvCOMP's zstd encoder asks 1.13 GB of scratch for any call and encodes
+    many chunks a call far faster than few, and threads' calls do not add up.
+    So the process
     keeps one scratch buffer per GPU and codec, outside CuPy's pool and
     outside any task's memory, of at most ``gpuzarr.gpu.encode-scratch``, and
     the encodes of the moment go in one call on it (:mod:`.combine`, as for
@@ -387,7 +386,7 @@ def finish_encode_gpu(p: PendingEncode) -> list[Any]:
                 if sizes and all(v == cap for v in sizes):  # the slots' capacities, not what was written: the bound
                     raise ValueError("encode(out=) reported the slot capacities as sizes")  # is never reached
             except (TypeError, ValueError):  # out= refused: nvCOMP's own buffers, for this process
-                # nvCOMP 6.0 on the H200 reported the slot capacities as the sizes: out= is not usable there
+                # nvCOMP 6.0 reports the slot capacities as the sizes: out= is not usable there
                 _refuse_out()
                 _forget_max(p.algorithm, nbytes)
                 p.res = None

@@ -12,8 +12,8 @@ import cupy
 import numpy as np
 
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
-from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.cuda.streams import pinned_empty
+from gpuzarr_dist.errors import ChunkDecodeError
 
 
 def cpu_diagnose(pipeline: CodecPipeline, host: np.ndarray, offsets: Sequence[int], sizes: Sequence[int],

@@ -1,10 +1,7 @@
 """nvCOMP's batched C API through ctypes: decode calls that let other threads run and do not wait for the GPU.
 
-nvCOMP's Python ``Codec.decode`` holds the GIL until its GPU work is done.
-Measured on one H200 (session 15, ``tools/gpu_probe_nvcomp_calls.py``): a
-Python thread counting beside a 56-frame zstd decode ran at 26% of its idle
-rate, and 4, 8 and 16 threads each calling ``decode`` reached 11.6-12.2 GB/s
-in all, no more than one thread. A ctypes call releases the GIL, and
+nvCOMP's Python ``Codec.decode`` holds the GIL until its GPU work is done,
+so several threads calling it decode no faster in all than one. A ctypes call releases the GIL, and
 ``nvcompBatched<Algorithm>DecompressAsync`` only queues kernels on the
 caller's stream, so the decodes of several threads run on the GPU side by
 side, and the thread itself waits (stream synchronisation, GIL released) only
@@ -14,7 +11,7 @@ Encoding goes the same way (:func:`encode`), into a scratch buffer the
 caller provides (``gpu_encode`` keeps one per GPU and codec for the process:
 zstd's is 1.13 GB whatever the call). The Python ``Codec.encode`` also
 reported the slot capacities as the sizes when given output slots (nvCOMP
-6.0, H200); the C call writes the sizes itself.
+6.0); the C call writes the sizes itself.
 
 The library is the one nvCOMP's Python package loads (``nvidia.libnvcomp``),
 or a system ``libnvcomp.so.6``. Scratch space comes from CuPy's pool on the
@@ -180,10 +177,9 @@ def encode_aligned(algorithm: str, in_ptrs: Sequence[int]) -> bool:
 def encode_scratch_size(algorithm: str, n: int, nbytes: int) -> int:
     """The device scratch nvCOMP asks for to encode ``n`` chunks of at most ``nbytes`` bytes in one call.
 
-    Measured on an H200 (nvCOMP 6.0, ``tools/gpu_probe_encode_scratch.py``):
-    Zstd 1133 MB for one 4.17 MB chunk, 1316 MB for 28, 2652 MB for 225
-    (about 1.13 GB whatever the call, plus 1.35 bytes per input byte);
-    Deflate 9 bytes per input byte, nothing fixed.
+    With nvCOMP 6.0: Zstd about
+    1.13 GB whatever the call, plus 1.35 bytes per input byte; Deflate 9
+    bytes per input byte, nothing fixed.
     """
     a = encode_api(algorithm)
     out = ctypes.c_size_t(0)
@@ -308,7 +304,7 @@ def decode(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: Sequence[int], in_
     The addresses are device pointers into buffers the caller keeps alive
     until this returns; ``out_sizes`` are the slots' sizes. They bound
     nothing: nvCOMP 6.0 reported success and the full decoded size for a zstd
-    frame given half the slot it needed (H200), so callers check what frames
+    frame given half the slot it needed, so callers check what frames
     state before the call and guard the output (``gpu._decode_batch``). The
     pointer tables, the scratch space
     and the results are queued on ``stream`` behind the work already there

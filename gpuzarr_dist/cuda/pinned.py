@@ -3,10 +3,8 @@
 CuPy's pinned pool hands a freed buffer only to a later request of exactly
 its size. A GPU block's staging buffer is rounded up to a power of two, so
 blocks of another size (a different ``chunks=``, the last block of an array,
-another array) found no free buffer and pinned new memory: on one H200
-(session 17, ``tools/gpu_probe_timeline.py``, 16 threads) each new 512 MiB or
-1 GiB buffer took 100-230 ms inside a block's read turn, and the first passes
-after a change of block size ran at 9.9-14 GB/s instead of 20-22. Here a
+another array) would find no free buffer and pin new memory, 100-230 ms
+for each new 512 MiB or 1 GiB buffer inside a block's read turn. Here a
 request takes the smallest free buffer that holds it and is at most
 :data:`REUSE_FACTOR` times its own size class, and pins a new one only when
 none does.

@@ -56,12 +56,11 @@ def on_stream(stream: cupy.cuda.Stream) -> Iterator[cupy.cuda.Stream]:
     Used instead of ``with stream:``. CuPy's own context manager restores, on
     exit, the top of a stack that only ``with`` pushes; :func:`thread_stream`
     makes a thread's stream current with ``Stream.use()``, which does not push.
-    So the first ``with stream:`` a read made left the thread on the legacy
-    null stream (session 19, H200): the block's placement kernel and the
-    user's computation then ran there, outside the stream the read
-    synchronises, and memory the null stream still read went back to the
-    thread stream's pool. The Cubed variant's time anomaly wrote wrong tiles
-    when the read's block was allocated after its decode.
+    So a ``with stream:`` would leave the thread on the legacy null stream:
+    the block's placement kernel and the user's computation would then run
+    there, outside the stream the read synchronises, and memory the null
+    stream still read would go back to the thread stream's pool (wrong tiles
+    when the read's block is allocated after its decode).
     """
     prev = cupy.cuda.get_current_stream()
     if prev is stream:
@@ -168,9 +167,8 @@ def upload(host: np.ndarray, stream: cupy.cuda.Stream | None = None) -> cupy.nda
     One driver call, ``cuMemcpyHtoDAsync`` through ctypes, which releases the GIL. From pageable memory
     it returns once ``host``'s bytes are staged for the copy, so ``host`` may be dropped at once.
     ``cupy.asarray`` went through CuPy's pinned pool, an event recorded per copy and a watch list of them,
-    with the GIL held: under 16 threads reading S3 shards it was the largest single holder of the GIL
-    (py-spy ``--gil``: 340 of the block tasks' 1264 samples, H100, session 21), and every held moment
-    delayed the event loop that completes the object-store requests. Raises
+    with the GIL held: under many threads reading object-store shards it is the largest single holder of
+    the GIL, and every held moment delays the event loop that completes the object-store requests. Raises
     :class:`~gpuzarr_dist.errors.GpuZarrError` if the driver refuses the copy.
     """
     host = np.ascontiguousarray(host)
@@ -195,10 +193,10 @@ def context_sync_wait() -> str:
 def thread_nvcomp_codec(algorithm: str, stream: cupy.cuda.Stream) -> object:
     """This thread's nvCOMP codec for ``algorithm`` on ``stream`` (for decoding and encoding alike).
 
-    Created in the thread that uses it (measured: a codec created in another
-    thread ran 5x slower) and kept with the thread; the stream outlives it,
-    since streams are kept for the life of the process (a stream destroyed
-    before its codec is what crashed the process in the shared notes).
+    Created in the thread that uses it (a codec created in another thread
+    runs several times slower) and kept with the thread; the stream outlives
+    it, since streams are kept for the life of the process (a stream
+    destroyed before its codec crashes the process).
     """
     from nvidia import nvcomp
 

@@ -15,7 +15,7 @@ sub-batch from pinned memory while the GPU encodes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cupy
 
@@ -24,10 +24,7 @@ from gpuzarr_dist.config import gpu_min_batch_bytes
 from gpuzarr_dist.errors import ChunkEncodeError
 from gpuzarr_dist.cuda.streams import thread_stream
 from gpuzarr_dist.runtime.once import warn_once
-from gpuzarr_dist.array.write import BlockEncoder
-
-if TYPE_CHECKING:
-    from gpuzarr_dist.array.write import BlockWriter
+from gpuzarr_dist.codecs.encode import BlockEncoder, ChunkWriter, CpuBlockEncoder, chunk_grid
 
 _warned: set[str] = set()
 
@@ -46,7 +43,7 @@ class GpuBlockEncoder(BlockEncoder):
     one warning per codec.
     """
 
-    def __init__(self, writer: "BlockWriter", chunks: Any, stream: Any):
+    def __init__(self, writer: ChunkWriter, chunks: Any, stream: Any):
         self.writer, self.chunks, self.stream = writer, chunks, stream
 
     def _rows(self, sel: Any) -> Any:
@@ -80,11 +77,9 @@ class GpuBlockEncoder(BlockEncoder):
         self.stream.synchronize()  # the launched encode still reads and writes its buffers
 
 
-def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
+def gpu_block_encoder(writer: ChunkWriter, block: Any) -> BlockEncoder:
     """The encoder for ``block`` (cupy, or numpy with device="gpu"): its chunks cut on the device (one copy
     kernel) for nvCOMP, or, for a chain the GPU encoder cannot run, copied to the host for the CPU encoders."""
-    from gpuzarr_dist.array.write import CpuBlockEncoder, chunk_grid
-
     spec = writer.spec
     current = cupy.cuda.get_current_stream()
     stream = thread_stream()
@@ -104,10 +99,10 @@ def gpu_block_encoder(writer: "BlockWriter", block: Any) -> BlockEncoder:
     return GpuBlockEncoder(writer, chunk_grid(block, spec.chunk_shape, spec.fill_value, cupy), stream)
 
 
-def encode_block_gpu(writer: "BlockWriter", block: Any, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
+def encode_block_gpu(writer: ChunkWriter, block: Any, start: tuple[int, ...]) -> tuple[list[Any], tuple[int, ...], list[int]]:
     """Every chunk of ``block`` encoded on the GPU in one batch (no sub-batches; for benchmarks and checks);
     ``(encoded chunks, first chunk coords, chunk grid)``."""
-    first, grid, coords = writer._chunk_layout(tuple(block.shape), start)
+    first, grid, coords = writer.chunk_layout(tuple(block.shape), start)
     encoder = gpu_block_encoder(writer, block)
     keys = [writer.spec.chunk_key(c) for c in coords]
     return encoder.finish(encoder.launch(slice(0, len(keys)), keys)), first, grid

@@ -12,10 +12,10 @@ import cupy
 import numpy as np
 
 from gpuzarr_dist.codecs import host_checks
-from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.cuda.launch import frame_table, kernel, walk_launch
 from gpuzarr_dist.cuda.steps import Batch, DeviceSteps, Suspects, register
 from gpuzarr_dist.cuda.streams import on_stream, upload
+from gpuzarr_dist.errors import ChunkDecodeError
 
 
 class NoStatedSize(Exception):
@@ -34,8 +34,14 @@ def zstd_walk(dev: cupy.ndarray, offs: cupy.ndarray, lens: cupy.ndarray, n: int,
     walked side by side instead of in turn.
     """
     from gpuzarr_dist.cuda import kernels
-    from gpuzarr_dist.cuda.kernels import (ZSTD_BLOCK_THREADS, ZSTD_FRAMES_SRC, ZSTD_LANE_SHARED, ZSTD_LIT_SLOTS, ZSTD_SLOT_BYTES,
-                          zstd_block_slots)
+    from gpuzarr_dist.cuda.kernels import (
+        ZSTD_BLOCK_THREADS,
+        ZSTD_FRAMES_SRC,
+        ZSTD_LANE_SHARED,
+        ZSTD_LIT_SLOTS,
+        ZSTD_SLOT_BYTES,
+        zstd_block_slots,
+    )
     from gpuzarr_dist.cuda.streams import thread_side_stream
 
     if mode == 0:

@@ -31,11 +31,11 @@ import distributed
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from gpuzarr_dist.errors import DeviceUnavailableError
-from gpuzarr_dist.cuda.device import DEVICES, gpu_status
+from gpuzarr_dist.cuda.device import DEVICES, device_count, gpu_status, share_device_pool
 
-#: threads per GPU worker: the decode stage scaled up to 8-16 threads on an H200, and each thread
-#: holds about 6 blocks of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with an H200's auto blocks of
-#: ~890 MiB), so 8 threads use 12-45 GB
+#: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
+#: of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with the ~890 MiB auto blocks of a 139 GiB GPU),
+#: so 8 threads use 12-45 GB
 DEFAULT_THREADS_PER_GPU = 8
 #: fraction of each GPU's memory a worker may hold results in before it spills them to host memory
 DEFAULT_DEVICE_MEMORY_LIMIT = 0.8
@@ -48,25 +48,6 @@ _DASK_DEFAULT_LINK = "{scheme}://{host}:{port}/status"
 
 
 # -- the worker plugin ---------------------------------------------------------------
-
-
-def share_device_pool() -> str:
-    """Make CuPy allocate from RMM's current memory resource in this process (CuPy's own pool without rmm).
-
-    Returns a short description of the allocator now in use. nvCOMP keeps its
-    own allocator: routing its workspace through CuPy's pool was measured on an
-    H200 (16 threads, 4 MB zstd chunks) to gain nothing (24.8 vs 24.7 GB/s
-    decode), to grow the pool to 60-90 GiB, and the process segfaulted at exit
-    (nvCOMP freeing pool memory during interpreter shutdown).
-    """
-    import cupy
-
-    try:
-        from rmm.allocators.cupy import rmm_cupy_allocator
-    except ImportError:
-        return "CuPy's memory pool (rmm is not installed)"
-    cupy.cuda.set_allocator(rmm_cupy_allocator)
-    return "RMM"
 
 
 class WorkerSetup(WorkerPlugin):
@@ -130,9 +111,7 @@ def _gpu_devices() -> list[str]:
     listed = visible_devices()
     if listed is not None:
         return listed
-    import cupy
-
-    return [str(i) for i in range(cupy.cuda.runtime.getDeviceCount())]
+    return [str(i) for i in range(device_count())]
 
 
 def _check_count(n: int | None, what: str, available: int | None = None) -> None:
@@ -350,6 +329,8 @@ def start_cluster(
     **kwargs
         Passed on to ``LocalCUDACluster`` / ``LocalCluster``.
 
+    Notes
+    -----
     The returned client owns the cluster it started: ``client.close()`` (or
     leaving ``with start_cluster() as client:``) shuts the workers down.
     """

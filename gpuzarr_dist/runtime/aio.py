@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any, TypeVar
 
-import dask.config
+from gpuzarr_dist import config
 
 T = TypeVar("T")
 
@@ -45,7 +45,7 @@ def run(coro: Coroutine[Any, Any, T]) -> T:
 
 def limit() -> asyncio.Semaphore:
     """The semaphore bounding requests in flight in this process (call on the loop)."""
-    n = max(1, int(dask.config.get("gpuzarr.remote.concurrency", 64)))
+    n = config.remote_concurrency()
     sems = _state["sem"]
     if n not in sems:
         sems[n] = asyncio.Semaphore(n)

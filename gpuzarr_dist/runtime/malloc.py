@@ -5,9 +5,9 @@ allocated by obstore's Rust code with the C library's ``malloc``. glibc maps
 an allocation that large with ``mmap`` and unmaps it with ``munmap`` when it
 is freed, and its own adaptive threshold does not catch responses of slightly
 growing sizes. The last reference to a response is dropped by a Python
-thread, so the ``munmap`` (freeing 3,000 pages) ran with the GIL held: 220 of
-a sharded S3 time mean's 603 GIL samples in its block tasks (py-spy, session
-22, on the GPU machine). With the thresholds raised, the freed memory stays in
+thread, so the ``munmap`` (freeing 3,000 pages) runs with the GIL held: about
+a third of the GIL time of a sharded S3 read's block tasks. With the
+thresholds raised, the freed memory stays in
 malloc's heap and the next response reuses it (no unmapping, no page faults).
 
 What is raised: ``M_MMAP_THRESHOLD`` to 32 MiB (the ceiling of glibc's own
@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 
-import dask.config
+from gpuzarr_dist import config
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +65,7 @@ def raise_thresholds() -> bool:
 
 
 def _apply() -> bool:
-    setting = dask.config.get("gpuzarr.remote.malloc-thresholds", "auto")
-    if setting is False or str(setting).lower() in ("false", "off", "no", "0"):
+    if not config.remote_malloc_thresholds():
         return False
     chosen = chosen_by_environment()
     if chosen is not None:

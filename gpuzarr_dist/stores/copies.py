@@ -5,9 +5,9 @@ goes to its slot of the block's (pinned) staging buffer; a shard read whole
 is cut into its inner chunks' aligned slots. The copies are planned as
 numpy arrays (source, start, length, destination) and done by
 :func:`.vectored.copy_table`: one system call per 512 pieces, with the GIL
-released. ``numpy.copyto`` per piece released the GIL for each copy and
-took it back after: under other threads' Python, a block's 504 pieces took
-94 ms instead of 14 (session 21), and a ``memoryview`` slice assignment
+released. ``numpy.copyto`` per piece releases the GIL for each copy and
+takes it back after, behind other threads' Python (several times slower for
+a block's hundreds of pieces), and a ``memoryview`` slice assignment
 holds the GIL for the whole copy, keeping the event loop that handles the
 other requests' responses waiting. ``numpy.copyto`` per piece remains
 where ``process_vm_readv`` is refused. Large copies are spread over the
@@ -26,7 +26,7 @@ from gpuzarr_dist.stores import vectored
 #: bytes per thread of a copy spread over the I/O threads (below twice this, the calling thread copies alone)
 PARALLEL_BYTES = 16 << 20
 #: the most threads one copy takes: each system call copies several GB/s without the GIL, and each thread
-#: handed a part takes the GIL to start and to finish it, behind the other threads' Python (session 21)
+#: handed a part takes the GIL to start and to finish it, behind the other threads' Python
 MAX_PARTS = 4
 
 

@@ -9,49 +9,23 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-import dask.config
 
 from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
 from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
 from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
-from gpuzarr_dist.stores.retry import describe, with_retries
+from gpuzarr_dist.stores.retry import with_retries
+from gpuzarr_dist.cuda import files as cufiles  # loads no CUDA library at import
 from gpuzarr_dist.errors import ChunkReadError
-from gpuzarr_dist.config import io_threads, local_reads
+from gpuzarr_dist.config import io_threads, local_reads, shard_local_reads
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.runtime.threads import io_pool, map_all
 
-
-_kvikio_state: list = []
-_kvikio_lock = threading.Lock()
 
 
 #: per thread: the (store, files) that ``LocalChunkStore.held`` keeps open
 _HELD = threading.local()
 #: ranges of at most this many bytes (shard indexes) are read on the calling thread (see ``read_ranges``)
 SMALL_RANGE = 64 * 1024
-
-
-def _kvikio() -> Any:
-    """kvikio, set to read with ``gpuzarr.io-threads`` threads, or ``None`` where it is not installed.
-
-    kvikio's default of one thread reads at a fraction of the disk's rate; its
-    ``KVIKIO_NTHREADS`` environment variable, when set, is left as it is. The
-    setting happens once, under a lock, before any read: resetting kvikio's
-    thread pool while another thread waits on a read deadlocked (seen on the H200).
-    """
-    if not _kvikio_state:
-        with _kvikio_lock:
-            if not _kvikio_state:
-                try:
-                    import kvikio
-                    import kvikio.defaults
-                except ImportError:
-                    _kvikio_state.append(None)
-                else:
-                    if "KVIKIO_NTHREADS" not in os.environ and kvikio.defaults.get("num_threads") < io_threads():
-                        kvikio.defaults.set("num_threads", io_threads())
-                    _kvikio_state.append(kvikio)
-    return _kvikio_state[0]
 
 
 class LocalChunkStore(ChunkStore):
@@ -84,7 +58,7 @@ class LocalChunkStore(ChunkStore):
 
         return with_retries(once, self.array, key)
 
-    def _read_slot(self, key: str, view: memoryview, n: int) -> None:
+    def read_slot(self, key: str, view: memoryview, n: int) -> None:
         """Read chunk ``key`` (``n`` bytes) into ``view`` with its own file handle, retrying transient errors."""
 
         def once() -> None:
@@ -107,14 +81,14 @@ class LocalChunkStore(ChunkStore):
         """Read the chunk files straight into one staging buffer (no intermediate bytes objects).
 
         Sizes every file first, then reads them all at once into their aligned
-        slots: through kvikio's C++ thread pool where kvikio is installed (no
-        Python thread per read, so no GIL hand-offs between reads), otherwise
-        with ``preadv`` on the shared I/O threads.
+        slots: through cuFile (:func:`gpuzarr_dist.cuda.files.read_files_into`) where
+        ``gpuzarr.local-reads`` asks for it and it is installed, otherwise with
+        ``preadv`` on the shared I/O threads.
         """
         mode = local_reads()
-        kvikio = _kvikio() if mode in ("auto", "kvikio") else None
-        if kvikio is not None:
-            return self._read_into_kvikio(kvikio, keys, staging, align, lead)
+        reader = cufiles.cufile() if cufiles.for_files(mode) else None
+        if reader is not None:
+            return cufiles.read_files_into(reader, self, keys, staging, align, lead)
         timed = stage_timer()
         fds: list[int | None] = []
         sizes: list[int] = []
@@ -140,7 +114,7 @@ class LocalChunkStore(ChunkStore):
                         raise
                     got = -1
                 if got != n:  # failed or short: again, with a fresh handle and the retry policy
-                    self._read_slot(keys[i], view[off : off + n], n)
+                    self.read_slot(keys[i], view[off : off + n], n)
 
             if len(keys) > 1 and mode != "inline":
                 map_all(io_pool(), one, range(len(keys)))  # none still reading into buf when an error leaves
@@ -159,49 +133,6 @@ class LocalChunkStore(ChunkStore):
             return os.open(self.path(key), os.O_RDONLY)
         except FileNotFoundError:
             return None
-
-    def _read_into_kvikio(self, kvikio: Any, keys: Sequence[str], staging: Callable[[int], Any], align: int,
-                          lead: int) -> tuple[Any, list[int], list[int]]:
-        timed = stage_timer()
-        sizes = [with_retries(lambda: self._size_or_missing(key), self.array, key) for key in keys]
-        offsets, total = staging_layout(sizes, align, lead)
-        futures, again, opened = [], [], []  # opened: (key, size, offset, CuFile), each closed below
-        key, waited = (keys[0] if keys else ""), 0
-        try:
-            # the files are opened before ``staging`` is called: on the GPU path that call takes the block's
-            # read turn, and 56 opens inside it (two open() each, with the GIL) made every other block wait
-            for key, n, off in zip(keys, sizes, offsets):
-                if n > 0:
-                    try:
-                        opened.append((key, n, off, kvikio.CuFile(self.path(key), "r")))
-                    except (OSError, RuntimeError):  # read below with the retry policy
-                        again.append((key, n, off))
-            timed("files: open + sizes")
-            buf = staging(total)
-            timed("staging alloc")
-            for key, n, off, f in opened:
-                futures.append((key, n, off, f.pread(buf[off : off + n], n, 0)))
-            for key, n, off, fut in futures:
-                try:
-                    got = fut.get()
-                except (OSError, RuntimeError) as e:
-                    got = describe(e)
-                waited += 1
-                if got != n:  # failed or short: read again below, once every kvikio read has finished
-                    again.append((key, n, off))
-        finally:
-            for _, _, _, fut in futures[waited:]:  # never hand back the buffer while a read still writes to it
-                try:
-                    fut.get()
-                except Exception:  # the first failure is already being raised
-                    pass
-            for *_, f in opened:
-                f.close()
-        view = memoryview(buf).cast("B") if again else None
-        for key, n, off in again:
-            self._read_slot(key, view[off : off + n], n)
-        timed("files: reads (kvikio)")
-        return buf, offsets, sizes
 
     # -- byte ranges (shards) ----------------------------------------------------------
 
@@ -271,33 +202,33 @@ class LocalChunkStore(ChunkStore):
             if len(requests) > 1 and any(abs(r.offset) > SMALL_RANGE if r.offset < 0 else r.length > SMALL_RANGE
                                          for r in requests):
                 return map_all(io_pool(), one, requests)  # none still reading when the files close
-            # small ranges (shard indexes) on this thread: queued on the I/O threads they waited behind other
-            # blocks' merged reads, and each hand-off took the GIL twice (an index read of 55 shards took 20-90
-            # ms a block beside other blocks' work, 3 ms alone, on the GPU machine)
+            # small ranges (shard indexes) on this thread: queued on the I/O threads they would wait behind
+            # other blocks' merged reads, and each hand-off takes the GIL twice (several times slower in all)
             return [one(r) for r in requests]
         finally:
             self._close_own(fds)
 
     def prepare_ranges(self, reads: Sequence[MergedRead], nbytes: int) -> ReadTables | None:
         """The iovec tables of ``reads`` into a buffer of ``nbytes`` (see :class:`.vectored.ReadTables`), for
-        :meth:`read_ranges_into`; ``None`` where kvikio reads the ranges (``gpuzarr.shards.local-reads``).
+        :meth:`read_ranges_into`; ``None`` where cuFile reads the ranges (:func:`gpuzarr_dist.cuda.files.for_ranges`).
 
         Raises ``RuntimeError`` naming the array and the read where a piece would land outside the buffer."""
-        return None if _ranges_by_kvikio() else ReadTables.checked(reads, nbytes, self.array)
+        return None if cufiles.for_ranges() else ReadTables.checked(reads, nbytes, self.array)
 
     def read_ranges_into(self, reads: Sequence[MergedRead], buf: Any, prepared: ReadTables | None = None) -> list[int]:
         """Scatter each merged range straight into ``buf`` with one ``preadv`` (gap bytes go to a scratch buffer).
 
-        One system call per merged read whether or not kvikio is installed: a
-        sharded block is then one ``preadv`` per shard instead of one kvikio
+        One system call per merged read whether or not cuFile is installed: a
+        sharded block is then one ``preadv`` per shard instead of one cuFile
         future (and its Python bookkeeping) per inner chunk, and the chunks still
-        land at aligned slots. ``gpuzarr.shards.local-reads: kvikio`` restores
-        one kvikio read per piece (to compare on a GPU machine). ``prepared``:
+        land at aligned slots. ``gpuzarr.shards.local-reads`` restores one cuFile
+        read per piece (:func:`gpuzarr_dist.cuda.files.read_ranges_into`; to
+        compare on a GPU machine). ``prepared``:
         :meth:`prepare_ranges`' tables for ``reads``, built before ``buf`` was.
         """
-        kvikio = _kvikio() if _ranges_by_kvikio() else None
-        if kvikio is not None:
-            return self._ranges_kvikio(kvikio, reads, buf)
+        reader = cufiles.cufile() if cufiles.for_ranges() else None
+        if reader is not None:
+            return cufiles.read_ranges_into(reader, self, reads, buf)
         tables = prepared if prepared is not None else ReadTables.checked(reads, memoryview(buf).nbytes, self.array)
         try:
             bound = tables.bind(buf) if available() else None  # numpy tables for libc's preadv, no object per piece
@@ -354,51 +285,8 @@ class LocalChunkStore(ChunkStore):
             self._close_own(fds)
         return got
 
-    def _ranges_kvikio(self, kvikio: Any, reads: Sequence[MergedRead], buf: Any) -> list[int]:
-        sizes: dict[str, int] = {}
-        for r in reads:
-            if r.key not in sizes:
-                try:
-                    sizes[r.key] = os.stat(self.path(r.key)).st_size
-                except FileNotFoundError:
-                    sizes[r.key] = -1
-                except OSError as e:
-                    raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
-        files: dict[str, Any] = {}
-        futures: list = []
-        waited = 0
-        key = reads[0].key if reads else ""
-        try:
-            for r in reads:
-                key, size = r.key, sizes[r.key]
-                if size < 0:
-                    continue
-                if key not in files:
-                    files[key] = kvikio.CuFile(self.path(key), "r")
-                for off, n, dest in r.pieces:
-                    m = max(0, min(n, size - off))
-                    if m:
-                        futures.append((key, m, files[key].pread(buf[dest : dest + m], m, off)))
-            for key, m, fut in futures:
-                got = fut.get()
-                waited += 1
-                if got != m:
-                    raise ChunkReadError(self.array, key, f"read {got} of {m} bytes (file changed while reading?)")
-        except (OSError, RuntimeError) as e:
-            if isinstance(e, ChunkReadError):
-                raise
-            raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
-        finally:
-            for _, _, fut in futures[waited:]:
-                try:
-                    fut.get()
-                except Exception:
-                    pass
-            for f in files.values():
-                f.close()
-        return [-1 if sizes[r.key] < 0 else max(0, min(r.length, sizes[r.key] - r.offset)) for r in reads]
-
-    def _size_or_missing(self, key: str) -> int:
+    def size_or_missing(self, key: str) -> int:
+        """The size of chunk ``key``'s file, -1 where there is none."""
         try:
             return os.stat(self.path(key)).st_size
         except FileNotFoundError:
@@ -409,11 +297,6 @@ class LocalChunkStore(ChunkStore):
 
     def __repr__(self) -> str:
         return f"LocalChunkStore({self.root!r})"
-
-
-def _ranges_by_kvikio() -> bool:
-    """Whether ``gpuzarr.shards.local-reads`` asks for one kvikio read per piece (to compare on a GPU machine)."""
-    return dask.config.get("gpuzarr.shards.local-reads", "preadv") == "kvikio"
 
 
 def _close(fds: dict[str, int | None]) -> None:

@@ -17,8 +17,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import dask.config
 import numpy as np
+
+from gpuzarr_dist import config
 
 
 class ByteRange(NamedTuple):
@@ -46,9 +47,9 @@ class PieceArray(Sequence):
     :class:`Piece`: each piece is made when it is looked at, not kept.
 
     :func:`plan_reads` gives a block's reads their pieces this way. As a list,
-    a block of 3528 inner chunks kept 3528 named tuples alive while it read:
-    with several blocks at once, Python's collector ran full collections of
-    100 ms with the GIL held (session 20). Compares equal to a list of the
+    a block of thousands of inner chunks would keep as many named tuples
+    alive while it reads, and with several blocks at once Python's collector
+    runs full collections of about 100 ms with the GIL held. Compares equal to a list of the
     same pieces.
     """
 
@@ -177,14 +178,10 @@ def plan_reads(keys: Sequence[str], which: np.ndarray, offs: np.ndarray, sizes: 
 
 def merge_gap(default: int) -> int:
     """``gpuzarr.shards.merge-gap`` in bytes, or the store's ``default`` where the key is unset."""
-    from dask.utils import parse_bytes
-
-    value = dask.config.get("gpuzarr.shards.merge-gap", None)
-    return default if value in (None, "auto") else int(parse_bytes(value))
+    gap = config.shard_merge_gap()
+    return default if gap is None else gap
 
 
 def max_range() -> int:
     """``gpuzarr.shards.max-range`` in bytes: the largest merged read."""
-    from dask.utils import parse_bytes
-
-    return max(1, int(parse_bytes(dask.config.get("gpuzarr.shards.max-range", "16 MiB"))))
+    return config.shard_max_range()

@@ -1,7 +1,6 @@
 """Chunks in object stores (``s3://``, ``gs://``, ``az://``, ``http(s)://``) through obstore.
 
-Why obstore: against moto's S3 server on loopback (2 shared cores, see the
-README's "Remote stores"), obstore moved 2.5-3x the bytes per second of
+Why obstore: against moto's S3 server on loopback (2 shared cores), obstore moved 2.5-3x the bytes per second of
 s3fs/aiobotocore for whole 1 MiB objects and 1.5x for 256 KiB ranges at the
 same concurrency; it is a Rust client (object_store) that releases the GIL,
 and speaks S3, GCS, Azure and plain HTTP with one API, including suffix ranges.
@@ -42,8 +41,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-import dask.config
-
+from gpuzarr_dist import config as gz_config
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.ranges import ByteRange
 from gpuzarr_dist.errors import ChunkReadError
@@ -145,14 +143,14 @@ class ObjectChunkStore(ChunkStore):
         (the cache holds no credential in a key of its own)."""
         opts = sorted((k, repr(v.value if isinstance(v, Secret) else v)) for k, v in self.options.items())
         env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_CLIENT_ENV))
-        setting = dask.config.get("gpuzarr.remote.timeout", 60)
+        setting = gz_config.remote_timeout()
         return hashlib.sha256(repr((self.url, opts, env, setting)).encode()).hexdigest()
 
     def _make_store(self) -> Any:
         from obstore.store import AzureStore, GCSStore, HTTPStore, S3Store
 
         opts = {k: v.value if isinstance(v, Secret) else v for k, v in self.options.items()}
-        timeout = f"{float(dask.config.get('gpuzarr.remote.timeout', 60))}s"
+        timeout = f"{gz_config.remote_timeout()}s"
         client = {"timeout": timeout, "connect_timeout": "10s"}
         client.update(opts.pop("client_options", {}) or {})
         retry = {"max_retries": 0}  # retried here, with our count and our messages
@@ -207,8 +205,7 @@ class ObjectChunkStore(ChunkStore):
         """One object or range, retried on transient errors; ``None`` for a missing object."""
         import obstore
 
-        retries = max(0, int(dask.config.get("gpuzarr.remote.retries", 5)))
-        backoff = float(dask.config.get("gpuzarr.remote.backoff", 0.1))
+        retries, backoff = gz_config.remote_retries(), gz_config.remote_backoff()
         options: dict = {}
         if rng is not None:
             off, n = rng

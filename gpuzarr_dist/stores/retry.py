@@ -2,12 +2,12 @@
 
 A read that fails with an error that may go away on its own (``EIO``,
 ``EAGAIN``, ``ETIMEDOUT``, a stale NFS handle, a reset connection ...) is
-tried again ``gpuzarr.io-retries`` times (default 3), waiting
-``gpuzarr.io-retry-delay`` seconds (default 0.05) before the first retry and
-twice as long before each next one. Errors that cannot go away by waiting (the
-file is missing, a folder, not readable) are reported at once. Either way the
-error that reaches the user is a :class:`~gpuzarr_dist.errors.ChunkReadError`
-naming the array, the chunk key and how many attempts were made.
+tried again ``gpuzarr.io-retries`` times, waiting ``gpuzarr.io-retry-delay``
+seconds before the first retry and twice as long before each next one.
+Errors that cannot go away by waiting (the file is missing, a folder, not
+readable) are reported at once. Either way the error that reaches the user is
+a :class:`~gpuzarr_dist.errors.ChunkReadError` naming the array, the chunk key
+and how many attempts were made.
 """
 
 from __future__ import annotations

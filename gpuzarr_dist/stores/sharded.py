@@ -34,9 +34,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import dask.config
 import numpy as np
 
+from gpuzarr_dist import config
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
 from gpuzarr_dist.runtime.stages import stage_timer as _stage_timer
@@ -370,7 +370,7 @@ class ShardedChunkStore(ChunkStore):
     def _plan_reads(self, shards: list[str], which: np.ndarray, offs: np.ndarray, sizes: np.ndarray,
                     dests: np.ndarray) -> list[MergedRead]:
         """The merged reads for chunks at ``offs``/``sizes`` of shard ``which`` landing at ``dests``."""
-        gap_set = dask.config.get("gpuzarr.shards.merge-gap", None) not in (None, "auto")
+        gap_set = config.shard_merge_gap() is not None
         return plan_reads(shards, which, offs, sizes, dests, merge_gap(self.merge_gap_default), max_range(),
                           span_rule=not gap_set)
 

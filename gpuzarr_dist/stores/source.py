@@ -150,8 +150,8 @@ def _v3_array_metadata(root: ObjectChunkStore, component: str | None) -> Any:
     """The array's ``zarr.json`` through one GET on the chunk client, parsed by zarr-python, or ``None`` where
     that is not a readable v3 array document (zarr-python's own opening then says why, or finds a v2 array).
 
-    ``zarr.open`` asked for ``zarr.json``, ``.zarray`` and ``.zattrs`` on zarr-python's own event loop: 15 ms
-    of a 435 ms time mean over loopback S3 (GPU machine, session 23), and three round trips to a real store.
+    ``zarr.open`` asks for ``zarr.json``, ``.zarray`` and ``.zattrs`` on zarr-python's own event loop: three
+    round trips to a real store instead of one.
     """
     from zarr.core.array import parse_array_metadata
 

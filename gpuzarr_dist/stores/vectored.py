@@ -4,10 +4,10 @@ A merged read of a shard (:class:`.ranges.MergedRead`) lands each inner chunk
 in its own aligned slot of the staging buffer, and the bytes between wanted
 chunks in a scratch buffer. ``os.preadv`` takes one Python buffer object per
 destination: for a block of 3528 inner chunks, two objects per chunk (a
-memoryview and its managed buffer) alive while the reads ran, with several
+memoryview and its managed buffer) alive while the reads run, with several
 blocks reading at once. Python's collector counts such objects, and its full
-collections (100 ms, the GIL held, on the GPU machine) stalled every reading
-thread (session 20). Here the table of ``(address, length)`` pairs is one
+collections (about 100 ms, the GIL held) stall every reading thread. Here
+the table of ``(address, length)`` pairs is one
 numpy array and libc's ``preadv`` is called through ctypes (which releases the
 GIL for the call), so a read makes no object per piece.
 
@@ -19,10 +19,9 @@ Copies between buffers of this process go the same way
 every ``(source, length)`` pair of one table to its ``(destination, length)``
 pair of another in one system call, without the GIL. A copy made of many
 pieces (an object store's whole shard cut into its inner chunks' aligned
-slots: 504 pieces of ~200 KB per block) by ``numpy.copyto`` per piece
-re-acquired the GIL after every piece; with other threads holding it, that
-took 600 ms instead of 14 ms for 91 MB on 2 cores here, and made the copies
-of an S3 time mean's blocks 94 ms each on the GPU machine (session 21).
+slots: hundreds of pieces per block) by ``numpy.copyto`` per piece
+re-acquires the GIL after every piece, and with other threads holding it
+takes many times longer.
 Where the call is missing or refused (not Linux, or a seccomp filter that
 forbids it), :func:`copy_table` returns ``False`` and the caller copies
 piece by piece.

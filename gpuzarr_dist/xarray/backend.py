@@ -43,7 +43,7 @@ from xarray.core import indexing
 
 from gpuzarr_dist.errors import GpuZarrError
 from gpuzarr_dist.array.read import from_zarr_gpu
-from gpuzarr_dist.cuda.device import resolve_device
+from gpuzarr_dist.cuda.device import array_module, resolve_device
 
 try:  # xarray >= 2025.01 moved it to coding.common
     from xarray.coding.common import _ElementwiseFunctionArray
@@ -59,22 +59,13 @@ _NUMERIC = "biufc"
 # --------------------------------------------------------------------------- CF steps on any device
 
 
-def _namespace(block: Any) -> Any:
-    """numpy, or cupy for a cupy block (already imported then: the block came from it)."""
-    if type(block).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy
-    return np
-
-
 def _mask(block: Any, encoded_fill_values: Iterable, decoded_fill_value: Any, dtype: Any) -> Any:
     """xarray's ``_apply_mask`` in array operations that numpy and cupy both have.
 
     The block is cast to ``dtype``; elements equal to any encoded fill value
     become ``decoded_fill_value`` (NaN for floats).
     """
-    xp = _namespace(block)
+    xp = array_module(block)
     data = block.astype(dtype, copy=True)
     if not encoded_fill_values:
         return data
@@ -96,7 +87,7 @@ class _OnHost:
         self.func = func
 
     def __call__(self, block: Any) -> Any:
-        xp = _namespace(block)
+        xp = array_module(block)
         if xp is np:
             return self.func(block)
         return xp.asarray(self.func(block.get()))

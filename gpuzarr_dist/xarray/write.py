@@ -23,7 +23,9 @@ import xarray as xr
 import zarr
 
 from gpuzarr_dist.errors import ArrayExistsError
-from gpuzarr_dist.array.write import _codec_objects, _join, _open_target, plan_layout, write_array_graph
+from gpuzarr_dist.array.write import write_array_graph
+from gpuzarr_dist.core.layout import plan_layout
+from gpuzarr_dist.stores.target import codec_objects, join_path, open_target
 
 
 #: encoding entries about the source's storage, not the variable's CF encoding
@@ -76,7 +78,7 @@ def dataset_to_zarr_gpu(
     """
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"dataset_to_zarr_gpu writes an xr.Dataset, not {type(ds).__name__}")
-    t = _open_target(target, group, storage_options)
+    t = open_target(target, group, storage_options)
     if overwrite:
         mode = "w"
     else:
@@ -89,7 +91,7 @@ def dataset_to_zarr_gpu(
             raise ArrayExistsError(f"{t.name}: a Zarr group or array exists there already (overwrite=True replaces it)")
         mode = "w-"
     encoding = {k: dict(v) for k, v in (encoding or {}).items()}
-    compressors = _codec_objects(codec, level, crc32c)
+    compressors = codec_objects(codec, level, crc32c)
     ours: dict[str, da.Array] = {}
     eager = {}
     for name, var in ds.data_vars.items():
@@ -125,7 +127,7 @@ def dataset_to_zarr_gpu(
         )
     parts = []
     for name, x in ours.items():
-        sub = _open_target(t.store, _join(t.path, name), None)
+        sub = open_target(t.store, join_path(t.path, name), None)
         sub.name = f"{t.name}/{name}"
         arr = zarr.open_array(store=t.store, path=sub.path, mode="r+")
         parts.append(write_array_graph(x, arr, sub, device=device))

@@ -49,7 +49,7 @@ ZSTD_SLOT_BYTES = 232
 #: tables in shared memory (about 10.4 KB each; the source's ``GZ_LANE_SHARED``), the others in local memory.
 #: One thread a CUDA block with its tables in shared memory walks one batch as fast, but sixteen threads'
 #: batches at once (copy, walk and nvCOMP) run about 7% faster with 128 threads a CUDA block and the tables
-#: in local memory (the decode stage timed alone): fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
+#: in local memory: fewer, fuller CUDA blocks leave more of each SM to nvCOMP.
 ZSTD_BLOCK_THREADS = 128
 ZSTD_LANE_SHARED = 0
 
@@ -60,8 +60,8 @@ ZSTD_LIT_SLOTS = 4
 
 #: whether the literals walk runs on the thread's second stream (:func:`..streams.thread_side_stream`),
 #: beside the sequences walk instead of after it: both need only the plan, and write other fields of a slot.
-#: Beside it, the device stage of sixteen threads' batches runs about 19% faster (the decode stage timed
-#: alone). Costs add up on the GPU: walk and nvCOMP do not overlap, copies do.
+#: Beside it, the device stage of sixteen threads' batches runs about 19% faster.
+#: Costs add up on the GPU: walk and nvCOMP do not overlap, copies do.
 ZSTD_WALK_FORK = True
 
 

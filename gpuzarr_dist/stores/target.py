@@ -1,0 +1,172 @@
+"""Where an array is written: the target store, its ``zarr.json`` and the codecs recorded there.
+
+:func:`open_target` turns what a user passes (a path, a URL, a store, a
+group) into a :class:`Target`; :func:`create_metadata` writes the array's
+metadata through zarr-python before any data (or, to resume, checks that
+the array there is the one to write); :func:`codec_objects` is the codec list
+a ``codec=`` name stands for.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import numpy as np
+import zarr
+
+from gpuzarr_dist.errors import ArrayExistsError, MetadataError
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES
+from gpuzarr_dist.stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
+
+#: URL schemes written through obstore (as they are read); other URLs (http, memory, ...) go through fsspec
+OBJECT_WRITE_SCHEMES = tuple(s for s in REMOTE_SCHEMES if s not in ("http", "https"))
+
+CODECS = ("zstd", "gzip", "none")
+DEFAULT_LEVELS = {"zstd": 0, "gzip": 5}  # zstd level 0 means zstd's default (3); gzip 5 as zarr-python
+
+
+@dataclass
+class Target:
+    """A place to write one array (or group): the zarr store, the path in it and how objects reach it."""
+
+    store: Any  # a zarr-python store (for the metadata)
+    path: str  # the array's path inside it
+    name: str  # for messages (no credentials)
+    local_root: str | None  # the store's folder on a local disk, or None
+    scrub: Any = None  # credentials out of the store's error texts (object stores), or None
+
+    def writer(self, array: str) -> ObjectWriter:
+        """The object writer for the data of the array at :attr:`path` (``array`` names it in errors)."""
+        if self.local_root is not None:
+            return LocalObjectWriter(os.path.join(self.local_root, *[p for p in self.path.split("/") if p]), array)
+        return ZarrStoreWriter(self.store, self.path, array, self.scrub)
+
+
+def join_path(*parts: str | None) -> str:
+    """Path parts joined by ``/``, each stripped of its own slashes; empty and ``None`` parts left out."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def open_target(target: Any, component: str | None, storage_options: dict | None) -> Target:
+    """The :class:`Target` for ``to_zarr_gpu``'s ``target`` and ``component`` (see its parameters).
+
+    Raises ``ValueError`` for a component with ``.`` or ``..`` parts, or a
+    ``zarr.Group`` without a component; ``TypeError`` for any other kind of target.
+    """
+    from zarr.abc.store import Store
+
+    if component and any(p in ("..", ".") for p in component.split("/")):
+        raise ValueError(f"component {component!r} may not contain '.' or '..' parts")
+    if isinstance(target, os.PathLike):
+        target = os.fspath(target)
+    if isinstance(target, str):
+        url = urlparse(target)
+        if url.scheme in ("", "file"):
+            root = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else target))
+            store = zarr.storage.LocalStore(root)
+            return Target(store, join_path(component), os.path.join(root, join_path(component)) if component else root,
+                          root)
+        shown = f"{url.scheme}://{url.hostname or ''}{url.path}"  # no credentials from the URL
+        name = f"{shown.rstrip('/')}/{component}" if component else shown
+        if url.scheme in OBJECT_WRITE_SCHEMES:  # the reads' obstore client: same options, environment and messages
+            from gpuzarr_dist.stores.remote import ObjectChunkStore
+
+            root = ObjectChunkStore(target, name, storage_options)
+            return Target(zarr.storage.ObjectStore(root.store, read_only=False), join_path(component), name, None,
+                          root.scrub)
+        store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
+        return Target(store, join_path(component), name, None)
+    if isinstance(target, zarr.Group):
+        if not component:
+            raise ValueError("to_zarr_gpu into a zarr.Group needs component= naming the new array")
+        target, component = target.store, join_path(target.path, component)
+    if isinstance(target, Store):
+        root = str(target.root) if isinstance(target, zarr.storage.LocalStore) else None
+        name = f"{target}/{component}" if component else str(target)
+        return Target(target, join_path(component), name, root)
+    raise TypeError(f"target must be a path, URL, zarr.Group or zarr store, not {type(target).__name__}")
+
+
+def codec_objects(codec: str, level: int | None, crc32c: bool) -> list[Any]:
+    """zarr-python's codec objects for ``codec`` (one of :data:`CODECS`) at ``level``, then crc32c if asked."""
+    import zarr.codecs as zc
+
+    if codec not in CODECS:
+        raise ValueError(f"codec must be one of {CODECS}, got {codec!r}")
+    level = DEFAULT_LEVELS.get(codec) if level is None else int(level)
+    out: list[Any] = []
+    if codec == "zstd":
+        out.append(zc.ZstdCodec(level=level))
+    elif codec == "gzip":
+        out.append(zc.GzipCodec(level=level))
+    if crc32c:
+        out.append(zc.Crc32cCodec())
+    return out
+
+
+def _existing(target: Target) -> Any:
+    """The array or group at the target, or None."""
+    try:
+        return zarr.open(store=target.store, path=target.path, mode="r")
+    except (FileNotFoundError, KeyError):
+        return None
+    except Exception as e:  # zarr-python's own "not found" errors
+        if "NotFound" in type(e).__name__:
+            return None
+        raise
+
+
+def _comparable(meta: Any) -> dict:
+    d = dict(meta.to_dict())
+    d.pop("attributes", None)
+    return d
+
+
+def create_metadata(
+    target: Target,
+    *,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    chunk: tuple[int, ...],
+    shard: tuple[int, ...] | None,
+    compressors: list[Any],
+    fill_value: Any,
+    attributes: dict | None,
+    dimension_names: Any,
+    overwrite: bool,
+    resume: bool,
+) -> zarr.Array:
+    """Write (or, with ``resume``, check) the array's ``zarr.json`` through zarr-python; return the array."""
+    kwargs = dict(
+        shape=shape,
+        dtype=dtype,
+        chunks=chunk,
+        shards=shard,
+        filters=None,
+        compressors=compressors or None,
+        serializer="auto",
+        zarr_format=3,
+        attributes=attributes,
+        dimension_names=dimension_names,
+        **({} if fill_value is None else {"fill_value": fill_value}),
+    )
+    existing = None if overwrite else _existing(target)
+    if existing is not None:
+        if not resume or not isinstance(existing, zarr.Array):
+            kind = "array" if isinstance(existing, zarr.Array) else "group"
+            hint = "overwrite=True replaces it" + (", resume=True completes an interrupted write of the same array"
+                                                   if kind == "array" else "")
+            raise ArrayExistsError(f"{target.name}: a Zarr {kind} exists there already ({hint})")
+        wanted = zarr.create_array(zarr.storage.MemoryStore(), **kwargs)
+        a, b = _comparable(existing.metadata), _comparable(wanted.metadata)
+        if a != b:
+            diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            raise MetadataError(
+                f"{target.name}: resume=True, but the array there differs from the one to write in zarr.json "
+                f"field(s) {diff}: existing {[a.get(k) for k in diff]}, wanted {[b.get(k) for k in diff]}"
+            )
+        return existing
+    return zarr.create_array(target.store, name=target.path or None, overwrite=overwrite, **kwargs)

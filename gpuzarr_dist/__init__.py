@@ -12,23 +12,23 @@ from __future__ import annotations
 import dask.array as _da
 
 from gpuzarr_dist import config  # noqa: F401  (registers the gpuzarr.* config defaults)
+from gpuzarr_dist.api import to_zarr_gpu
+from gpuzarr_dist.array.read import from_zarr_gpu
+from gpuzarr_dist.array.windows import WindowSampler, sample_windows
+from gpuzarr_dist.cuda.device import gpu_available, resolve_device
 from gpuzarr_dist.errors import (
     ArrayExistsError,
     ChunkDecodeError,
     ChunkEncodeError,
-    ChunkWriteError,
     ChunkReadError,
+    ChunkWriteError,
     DeviceUnavailableError,
+    GpuOutOfMemoryError,
     GpuZarrError,
     MetadataError,
     UnsupportedCodecError,
 )
-from gpuzarr_dist.array.read import from_zarr_gpu
-from gpuzarr_dist.cuda.device import gpu_available, resolve_device
 from gpuzarr_dist.xarray.backend import open_dataset
-from gpuzarr_dist.api import to_zarr_gpu
-from gpuzarr_dist.array.windows import WindowSampler, sample_windows
-from gpuzarr_dist.errors import GpuOutOfMemoryError
 
 __version__ = "0.1.0"
 

@@ -13,11 +13,10 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import dask
 import numpy as np
 import pytest
 import zarr
-
-import dask
 
 import gpuzarr_dist
 

@@ -14,10 +14,10 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from conftest import assert_same, compute_checked, make_data, reference, write_array
 from dask.array.core import normalize_chunks
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, make_data, reference, write_array
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import make_data, write_array
+from test_blosc_frames import CNAMES, SHUFFLES, _batch, _cases, _check
 
 import gpuzarr_dist as gz
-from conftest import make_data, write_array
 from gpuzarr_dist.codecs import blosc_frames as bf
 from gpuzarr_dist.errors import ChunkDecodeError
-from test_blosc_frames import CNAMES, SHUFFLES, _batch, _cases, _check
 
 pytestmark = pytest.mark.gpu
 

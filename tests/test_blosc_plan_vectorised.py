@@ -17,14 +17,32 @@ from collections.abc import Sequence
 import numcodecs
 import numpy as np
 import pytest
+from test_blosc_frames import _data as _seeded_data
+from test_blosc_frames import _encode
 
 from gpuzarr_dist.codecs import blosc_frames as bf
 from gpuzarr_dist.codecs.blosc_frames import (
-    COPY, BYTE_UNSHUFFLE, BIT_UNSHUFFLE, DONT_SPLIT, DOBITSHUFFLE, DOSHUFFLE, FORMAT_VERSION, FORMATS, GPU_FORMATS,
-    HEADER, MAX_BLOCKSIZE, MAX_SPLITS, MEMCPY_BLOCK, MEMCPYED, MIN_BUFFERSIZE, RAW, RESERVED, BloscPlan, _align,
+    BIT_UNSHUFFLE,
+    BYTE_UNSHUFFLE,
+    COPY,
+    DOBITSHUFFLE,
+    DONT_SPLIT,
+    DOSHUFFLE,
+    FORMAT_VERSION,
+    FORMATS,
+    GPU_FORMATS,
+    HEADER,
+    MAX_BLOCKSIZE,
+    MAX_SPLITS,
+    MEMCPY_BLOCK,
+    MEMCPYED,
+    MIN_BUFFERSIZE,
+    RAW,
+    RESERVED,
+    BloscPlan,
+    _align,
 )
 from gpuzarr_dist.errors import ChunkDecodeError
-from test_blosc_frames import _data as _seeded_data, _encode
 
 # ---- the reference: plan_frames as it was before it was vectorised (copied unchanged, renamed) ----
 

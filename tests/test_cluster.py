@@ -15,9 +15,9 @@ import time
 import dask
 import numpy as np
 import pytest
+from conftest import make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import make_data, reference, write_array
 
 distributed = pytest.importorskip("distributed")
 from gpuzarr_dist.distributed import cluster as cluster_mod  # noqa: E402

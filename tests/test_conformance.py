@@ -10,9 +10,9 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import ALL_DTYPES, assert_same, compute_checked, dev, make_data
 
 import gpuzarr_dist as gz
-from conftest import ALL_DTYPES, assert_same, compute_checked, make_data, dev
 
 zn = pytest.importorskip("zarr.codecs.numcodecs")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import io
 import math
-import types
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest

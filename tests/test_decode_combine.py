@@ -16,11 +16,11 @@ import dask
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, make_data, reference, slow_calls, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, slow_calls, write_array
-from gpuzarr_dist.cuda.combine import Combiner, Request
 from gpuzarr_dist.config import gpu_decode_combine
+from gpuzarr_dist.cuda.combine import Combiner, Request
 
 
 def test_setting():
@@ -137,7 +137,6 @@ def zstd_array(tmp_path):
 @pytest.mark.gpu
 def test_joined_calls_equal_zarr_python(zstd_array, monkeypatch, api):
     from gpuzarr_dist.cuda import combine
-
     from gpuzarr_dist.cuda import nvcomp_calls as gpu
     expected = reference(zstd_array)
     slow_calls(monkeypatch, gpu, "execute_joined")  # the other threads' blocks queue behind a call and join the next
@@ -160,7 +159,6 @@ def test_a_failed_joined_call_decodes_each_block_alone(zstd_array, monkeypatch, 
     """nvCOMP failing on a joined call (stand-in: any call of more than one block's 8 frames) costs a second call
     per block, not a wrong value or an error for the blocks around a bad one."""
     from gpuzarr_dist.cuda import combine
-
     from gpuzarr_dist.cuda import nvcomp_calls as gpu
     expected = reference(zstd_array)
     real_decode, joined = gpu.decode_frames, []

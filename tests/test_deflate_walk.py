@@ -19,11 +19,17 @@ import zlib
 import numcodecs
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuzarr_dist.codecs import blosc_frames as bf
-from gpuzarr_dist.cuda.deflate_walk import (ADLER32_SEGMENT, DEFLATE_GZIP, DEFLATE_RAW, DEFLATE_WALK_REASONS,
-                                              DEFLATE_ZLIB)
+from gpuzarr_dist.cuda.deflate_walk import (
+    ADLER32_SEGMENT,
+    DEFLATE_GZIP,
+    DEFLATE_RAW,
+    DEFLATE_WALK_REASONS,
+    DEFLATE_ZLIB,
+)
 from tests.helpers.deflate_walk_host import HostKernels
 
 #: walk results that send a stream to the CPU decoder rather than name it bad: the CPU accepts some of these

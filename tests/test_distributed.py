@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 import pytest
+from conftest import assert_same, make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
 
 distributed = pytest.importorskip("distributed")
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, make_data, reference, write_array, dev
 
 # --------------------------------------------------------------------------- missing stores
 

@@ -13,12 +13,12 @@ import dask
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.cuda import files as cufiles
 from gpuzarr_dist.stores.local import LocalChunkStore
 from gpuzarr_dist.stores.retry import is_transient, with_retries
-from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
 
 SHAPE, CHUNKS = (8, 6), (4, 3)
 

@@ -21,13 +21,13 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, make_data
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.stores.source import open_source
-from conftest import assert_same, make_data
 
 FUZZ = dict(deadline=None, derandomize=True, database=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])

@@ -21,11 +21,11 @@ import warnings
 import numpy as np
 import pytest
 import zarr
+from conftest import assert_same
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import gpuzarr_dist as gz
-from conftest import assert_same
 
 FUZZ = dict(
     deadline=None,

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import make_data, write_array
 
 import gpuzarr_dist as gz
-from conftest import make_data, write_array
 
 pytestmark = pytest.mark.gpu
 
@@ -104,11 +104,11 @@ def test_reads_and_writes_leave_the_threads_stream_current(tmp_path, codec):
     import cupy
 
     from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.array.write import BlockWriter
+    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
     from gpuzarr_dist.cuda.streams import thread_stream
     from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.array.write import BlockWriter
     from gpuzarr_dist.stores.target import open_target
-    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
 
     data = make_data("float32", (64, 40, 30), seed=9, specials=False)
     compressors = {"zstd-one-chunk": [zc.ZstdCodec(level=1)], "zstd-batch": [zc.ZstdCodec(level=1)],

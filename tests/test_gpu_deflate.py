@@ -17,11 +17,11 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, make_data, reference, write_array
+from test_deflate_walk import _blosc_corpus, _gzip_corpus, _gzip_member, _mutate, _zlib_corpus
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
 from gpuzarr_dist.cuda.deflate_walk import DEFLATE_GZIP, DEFLATE_ZLIB
-from test_deflate_walk import _blosc_corpus, _gzip_corpus, _gzip_member, _mutate, _zlib_corpus
 from tests.helpers.deflate_walk_host import HostKernels
 
 pytestmark = pytest.mark.gpu

@@ -8,9 +8,9 @@ import warnings
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
 
 pytestmark = pytest.mark.gpu
 

@@ -8,10 +8,10 @@ import threading
 import dask
 import numpy as np
 import pytest
+from conftest import assert_same, compute_checked, make_data
 from dask._task_spec import DataNode, GraphNode
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, make_data
 from gpuzarr_dist.array.reader import BlockReader
 
 SHAPE, CHUNKS = (24, 20), (4, 5)

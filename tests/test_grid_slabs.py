@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import write_array
+
 from gpuzarr_dist.core.selection import grid_slabs, plan_selection
 from gpuzarr_dist.stores.source import open_source
 

@@ -15,11 +15,11 @@ import pytest
 import zarr
 import zarr.codecs as zc
 
+from gpuzarr_dist.array.windows import _cut_windows, _unique_rows
 from gpuzarr_dist.codecs import host_checks as hc
 from gpuzarr_dist.errors import ChunkDecodeError
 from gpuzarr_dist.stores.base import staging_layout
 from gpuzarr_dist.stores.source import open_source
-from gpuzarr_dist.array.windows import _cut_windows, _unique_rows
 
 EXPECTED = 4096
 

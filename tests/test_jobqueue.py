@@ -17,9 +17,9 @@ import time
 import dask
 import numpy as np
 import pytest
+from conftest import make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import make_data, reference, write_array
 
 dask_jobqueue = pytest.importorskip("dask_jobqueue")
 from gpuzarr_dist.distributed import cluster as cluster_mod  # noqa: E402

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dask
 import pytest
+from conftest import assert_same, compute_checked, make_data, reference, write_array
 
 import gpuzarr_dist
-from conftest import assert_same, compute_checked, make_data, reference, write_array
 
 pytestmark = pytest.mark.usefixtures("device")
 

@@ -12,9 +12,9 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from conftest import make_data
 
 import gpuzarr_dist as gz
-from conftest import make_data
 from gpuzarr_dist.config import gpu_min_batch_bytes, gpu_min_batch_chunks
 
 

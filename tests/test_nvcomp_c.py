@@ -15,11 +15,11 @@ import dask
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, make_data, reference, slow_calls, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, slow_calls, write_array
-from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 from gpuzarr_dist.config import encode_scratch_bytes, nvcomp_api
+from gpuzarr_dist.cuda import nvcomp as nvcomp_c
 
 
 def test_setting():
@@ -251,8 +251,6 @@ def test_threads_writes_join_in_the_process_scratch(tmp_path, monkeypatch):
     import zarr
 
     from gpuzarr_dist.cuda import combine
-
-
     from gpuzarr_dist.cuda import encode as gpu_encode
     slow_calls(monkeypatch, gpu_encode, "_execute_encodes")
     monkeypatch.setattr(combine, "_combiners", {})

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpuzarr_dist.core.selection import Plan, finish, grid_slabs, plan_selection, unit_step_grid, whole_chunk_grid
 from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.core.selection import Plan, finish, grid_slabs, plan_selection, unit_step_grid, whole_chunk_grid
 
 
 def _spec(shape, chunks, dtype="int64"):

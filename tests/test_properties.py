@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, make_data, record_chunk_reads, touched_chunk_keys
 from dask.array.core import normalize_chunks
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, touched_chunk_keys, make_data, record_chunk_reads
 
 DTYPES_V3 = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64", "complex64", "complex128"]
 DTYPES_V2 = DTYPES_V3 + [">i2", ">u4", ">i8", ">f4", ">f8", ">c16"]

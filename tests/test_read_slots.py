@@ -14,9 +14,9 @@ import dask
 import numpy as np
 import pytest
 import zarr.codecs as zc
+from conftest import assert_same, make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, make_data, reference, write_array
 from gpuzarr_dist.config import gpu_read_slots
 from gpuzarr_dist.runtime.threads import _FifoSemaphore, read_slot
 

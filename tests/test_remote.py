@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, dev, make_data, reference
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, dev, make_data, reference
 from tests.helpers.servers import TEST_KEY, TEST_SECRET, moto_s3_server, range_http_server, upload_tree
 
 pytest.importorskip("obstore")

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.core.redact import option_secrets, redact_url, scrub
 from gpuzarr_dist.stores.base import check_key
 from gpuzarr_dist.stores.local import LocalChunkStore
 from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
-from conftest import assert_same, compute_checked, dev, make_data, reference, write_array
 
 PACKAGE = pathlib.Path(gz.__file__).parent
 
@@ -241,8 +241,8 @@ def test_log_records_of_store_libraries_are_redacted_in_any_process(monkeypatch,
     import logging
     import pickle as pk
 
-    from gpuzarr_dist.core import redact
     from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.core import redact
     from gpuzarr_dist.stores.source import open_source
 
     logger = logging.getLogger("fsspec.http")

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import os
 
+import dask
 import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
-
-import dask
+from conftest import assert_same, compute_checked, dev, make_data, reference
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, dev, make_data, reference
-from gpuzarr_dist.stores.source import open_source
 from gpuzarr_dist.array.windows import _chunk_keys
+from gpuzarr_dist.stores.source import open_source
 from tests.helpers.shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")

@@ -108,10 +108,10 @@ def test_planning_edge_cases():
 def test_random_missing_inner_chunks_read_as_zarr_python_reads(tmp_path, location, device):
     """Arrays with inner chunks left unwritten at random, read whole and in windows (host planning end to end;
     on the GPU the window gather fills the missing chunks' elements)."""
-    from gpuzarr_dist.stores.source import open_source
-    from gpuzarr_dist.array.windows import WindowSampler
-
     from conftest import make_data
+
+    from gpuzarr_dist.array.windows import WindowSampler
+    from gpuzarr_dist.stores.source import open_source
 
     rng = np.random.default_rng(3)
     shape, shards, inner = (6, 40, 50), (3, 20, 25), (1, 5, 5)
@@ -159,6 +159,7 @@ def _check_windows(sampler, ref, starts):
 @pytest.mark.parametrize("location", ["end", "start"])
 def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monkeypatch, location):
     from conftest import make_data
+
     from gpuzarr_dist.array.windows import WindowSampler
     from tests.helpers.shard_helpers import record_ranges
 
@@ -190,8 +191,9 @@ def test_window_sampler_reads_each_shard_index_once_across_calls(tmp_path, monke
 
 def test_index_cache_is_bounded_and_cleared(tmp_path):
     from conftest import make_data
-    from gpuzarr_dist.stores.sharded import IndexCache
+
     from gpuzarr_dist.array.windows import WindowSampler
+    from gpuzarr_dist.stores.sharded import IndexCache
 
     data = make_data("float32", (16, 64, 96), seed=5)
     path = str(tmp_path / "b.zarr")
@@ -223,6 +225,7 @@ def test_sampler_store_pickles_without_its_cache(tmp_path):
     import pickle
 
     from conftest import make_data
+
     from gpuzarr_dist.array.windows import WindowSampler
 
     path = str(tmp_path / "p.zarr")

@@ -4,15 +4,14 @@ results compared with zarr-python's and tensorstore's reading of the same store.
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
-
-import dask
+from conftest import assert_same, compute_checked, dev, make_data, reference
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, dev, make_data, reference
 from gpuzarr_dist.stores.ranges import coalesce
 from tests.helpers.shard_helpers import record_ranges
 

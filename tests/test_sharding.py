@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import assert_same, compute_checked, dev, make_data, reference
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, dev, make_data, reference
 
 pytestmark = pytest.mark.usefixtures("device")
 

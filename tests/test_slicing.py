@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
+from conftest import (
+    assert_same,
+    compute_checked,
+    dev,
+    make_data,
+    record_chunk_reads,
+    reference,
+    touched_chunk_keys,
+    write_array,
+)
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.array.reader import BlockReader
 from gpuzarr_dist.stores.source import open_source
-from conftest import assert_same, compute_checked, make_data, reference, touched_chunk_keys, write_array, dev, record_chunk_reads
 
 SHAPE = (20, 17, 9)
 CHUNKS = (4, 5, 3)

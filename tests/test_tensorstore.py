@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 import pytest
+from conftest import assert_same, compute_checked, dev, make_data
 
 import gpuzarr_dist as gz
-from conftest import assert_same, compute_checked, make_data, dev
 
 ts = pytest.importorskip("tensorstore")
 

@@ -66,8 +66,8 @@ def test_the_host_array_may_change_as_soon_as_the_call_returns_while_the_copy_wa
 
 
 def test_a_refused_copy_is_an_error_naming_the_call(monkeypatch):
-    from gpuzarr_dist.errors import GpuZarrError
     from gpuzarr_dist.cuda import streams as cuda
+    from gpuzarr_dist.errors import GpuZarrError
 
     monkeypatch.setattr(cuda, "_memcpy_htod", lambda: (lambda *a: 1))  # CUDA_ERROR_INVALID_VALUE
     with pytest.raises(GpuZarrError, match="cuMemcpyHtoDAsync .*error 1"):

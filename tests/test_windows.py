@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import zarr
 import zarr.codecs as zc
+from conftest import dev, make_data, reference
 
 import gpuzarr_dist as gz
-from conftest import dev, make_data, reference
 from tests.helpers.shard_helpers import record_ranges
 
 pytestmark = pytest.mark.usefixtures("device")

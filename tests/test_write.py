@@ -18,9 +18,9 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
+from conftest import assert_same, dev, make_data, write_array
 
 import gpuzarr_dist as gz
-from conftest import assert_same, dev, make_data, write_array
 from gpuzarr_dist.errors import ArrayExistsError, ChunkWriteError, MetadataError
 
 ts = pytest.importorskip("tensorstore")

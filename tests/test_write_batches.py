@@ -15,12 +15,12 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from conftest import assert_same, dev, make_data
 
 import gpuzarr_dist as gz
-from conftest import assert_same, dev, make_data
-from gpuzarr_dist.errors import ChunkEncodeError, ChunkWriteError
 from gpuzarr_dist.array.write import BlockWriter
 from gpuzarr_dist.core.layout import even_runs
+from gpuzarr_dist.errors import ChunkEncodeError, ChunkWriteError
 
 ts = pytest.importorskip("tensorstore")
 
@@ -133,8 +133,8 @@ def _one_block_writer_error(tmp_path, data, bad: str, how: str, monkeypatch):
     """Write one block of 32 chunks (4, 35) in 4 batches of 8 with chunk ``bad`` failing ``how``."""
     path = str(tmp_path / "out.zarr")
     if how == "encode":
-        from gpuzarr_dist.codecs.pipeline import CodecPipeline
         from gpuzarr_dist.codecs.encode import CpuBlockEncoder
+        from gpuzarr_dist.codecs.pipeline import CodecPipeline
 
         if dev() == "gpu":  # the GPU path encodes on the CPU only where nvCOMP refuses: make it
             import gpuzarr_dist.cuda.write as wg
@@ -217,9 +217,9 @@ def test_gpu_batches_encode_on_the_device_and_overlap(tmp_path, spy_batches, mon
     before the previous batch's writes, read back equal."""
     import cupy
 
-    from gpuzarr_dist.codecs.pipeline import CodecPipeline
-    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
     import gpuzarr_dist.cuda.write as wg
+    from gpuzarr_dist.codecs.encode import CpuBlockEncoder
+    from gpuzarr_dist.codecs.pipeline import CodecPipeline
 
     def no_cpu(self, *args, **kwargs):
         raise AssertionError("encoded on the CPU")

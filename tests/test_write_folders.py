@@ -13,13 +13,12 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from conftest import make_data
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.errors import ChunkWriteError
 from gpuzarr_dist.stores import writer as writer_mod
 from gpuzarr_dist.stores.writer import LocalObjectWriter
-
-from conftest import make_data
 
 
 def _objects(keys: list[str], seed: int = 0) -> list[tuple[str, bytes]]:

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import os
 
+import dask.array as da
 import numpy as np
 import pytest
 import zarr
-
-import dask.array as da
+from conftest import make_data
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.errors import ChunkWriteError
 from gpuzarr_dist.stores import writer as writer_mod
 from gpuzarr_dist.stores.writer import LocalObjectWriter
-
-from conftest import make_data
 
 
 def _pieces(seed: int, count: int) -> list[np.ndarray]:
@@ -91,9 +89,9 @@ def test_gpu_batch_encode_packs_every_chunk(monkeypatch, own_slots, codec):
     import cupy
     import numcodecs
 
-    from gpuzarr_dist.cuda import encode as gpu_encode
     from gpuzarr_dist.codecs.pipeline import CodecPipeline
     from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec
+    from gpuzarr_dist.cuda import encode as gpu_encode
     from gpuzarr_dist.cuda.streams import thread_stream
 
     if not own_slots:

@@ -23,10 +23,10 @@ import pandas as pd
 import pytest
 import xarray as xr
 import zarr
+from conftest import dev
 
 import gpuzarr_dist as gz
 from gpuzarr_dist.xarray.backend import GpuZarrBackendEntrypoint, _device_step, _mask, _OnHost
-from conftest import dev
 
 pytestmark = [
     pytest.mark.usefixtures("device"),

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import xarray as xr
 import zarr
-
-import gpuzarr_dist as gz
 from conftest import dev
 from test_xarray import cf_dataset
+
+import gpuzarr_dist as gz
 
 pytestmark = [
     pytest.mark.usefixtures("device"),

@@ -336,9 +336,9 @@ def test_device_block_walk_is_the_host_builds(walk_exe, mode, fork, monkeypatch)
     import cupy
 
     from gpuzarr_dist.cuda import kernels
-    from gpuzarr_dist.cuda.zstd import zstd_walk
     from gpuzarr_dist.cuda.kernels import zstd_block_slots
     from gpuzarr_dist.cuda.streams import thread_stream
+    from gpuzarr_dist.cuda.zstd import zstd_walk
     from gpuzarr_dist.stores.base import staging_layout
 
     monkeypatch.setattr(kernels, "ZSTD_WALK_FORK", fork)
@@ -402,7 +402,6 @@ def test_targeted_damage_is_named_by_the_check_that_catches_it(walk):
 def _fuzz_frames(cases: list[int], seed: int = 20261122) -> list[tuple[int, bytes, bytes]]:
     """``(case, damaged zstd frame, undamaged frame)`` of ``dev/gpu_fuzz.py`` cases (Blosc: the damaged stream)."""
     from dev import gpu_fuzz as gf
-
     from gpuzarr_dist.codecs import blosc_frames as bf
 
     pools = gf.Pools(seed)
@@ -450,8 +449,8 @@ def test_default_zstd_check_is_literals_and_values_are_checked():
     and decoded frames with damaged literal streams to other bytes than libzstd under the sequences walk."""
     import dask
 
-    from gpuzarr_dist.cuda.kernels import ZSTD_CHECK_MODES
     from gpuzarr_dist.config import ZSTD_CHECKS, zstd_check
+    from gpuzarr_dist.cuda.kernels import ZSTD_CHECK_MODES
 
     assert zstd_check() == "literals"
     assert set(ZSTD_CHECKS) == set(ZSTD_CHECK_MODES)

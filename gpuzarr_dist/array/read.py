@@ -20,10 +20,10 @@ from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
 from gpuzarr_dist import config
-from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.array.optimize import GPU_LAYER_PREFIX
 from gpuzarr_dist.array.optimize import install as install_stream_sync
 from gpuzarr_dist.array.reader import BlockReader
+from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.cuda.device import gpu_memory_bytes, resolve_device
 from gpuzarr_dist.stores.source import open_source
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
-from gpuzarr_dist.errors import GpuOutOfMemoryError
 from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
+from gpuzarr_dist.errors import GpuOutOfMemoryError
 from gpuzarr_dist.runtime.threads import decode_pool
 from gpuzarr_dist.stores.base import ChunkStore
 
@@ -90,7 +90,6 @@ class BlockReader:
         plan = plan_selection(self.spec, box)
         if self.device == "gpu":
             from gpuzarr_dist.cuda.blocks import read_plan_gpu
-
             from gpuzarr_dist.cuda.memory import is_out_of_memory, out_of_memory_error, release_cached_device_memory
 
             try:

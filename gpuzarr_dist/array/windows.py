@@ -40,8 +40,8 @@ import numpy as np
 from gpuzarr_dist import config
 from gpuzarr_dist.array.reader import BlockReader
 from gpuzarr_dist.cuda.device import resolve_device
-from gpuzarr_dist.runtime.threads import decode_pool, map_all
 from gpuzarr_dist.runtime.stages import stage_timer
+from gpuzarr_dist.runtime.threads import decode_pool, map_all
 from gpuzarr_dist.stores.sharded import IndexCache, ShardedChunkStore
 from gpuzarr_dist.stores.source import open_source
 

@@ -46,7 +46,6 @@ from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
 from gpuzarr_dist.stores.target import Target, codec_objects, create_metadata, open_target
 from gpuzarr_dist.stores.writer import ObjectWriter
 
-
 # --------------------------------------------------------------------------- layout
 
 

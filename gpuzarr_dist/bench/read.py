@@ -100,8 +100,8 @@ def _time(fn: Callable[[], None], repeat: int, files: list[str] | None) -> float
 
 def run(args) -> int:
     """Entry point of ``gpuzarr-dist bench read``; returns the exit status."""
-    from gpuzarr_dist.synthetic import make_era5_like
     from gpuzarr_dist.cuda.device import resolve_device
+    from gpuzarr_dist.synthetic import make_era5_like
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -173,7 +173,14 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
     how, stem = CODECS[codec]
     print(f"array: float32 ({steps}, 721, 1440), chunks (1, 721, 1440), {how}; "
           f"{nbytes / 1e9:.2f} GB decompressed, {compressed / 1e9:.2f} GB stored (ratio {ratio:.2f})")
-    from gpuzarr_dist.config import deflate_check, gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api, zstd_check
+    from gpuzarr_dist.config import (
+        deflate_check,
+        gpu_decode_combine,
+        gpu_read_slots,
+        gpu_sync_wait,
+        nvcomp_api,
+        zstd_check,
+    )
 
     # the GPU walks' depth and how threads wait for the GPU set the GPU's rate
     checks = (f"zstd check {zstd_check()}, deflate check {deflate_check()}, sync-wait {gpu_sync_wait()}, "
@@ -243,8 +250,8 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
 
 def stage_times(path: str, device: str, block: str | None) -> list[str]:
     """Time the stages of one block's read on one thread, one by one (warm cache), to find the limit."""
-    from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.array.read import from_zarr_gpu
+    from gpuzarr_dist.core.selection import plan_selection
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")
     reader = next(iter(x.dask.values())).args[0].value
@@ -301,8 +308,8 @@ def thread_scaling(path: str, device: str, block: str | None, counts: tuple[int,
     """GB/s of whole-block reads (no dask) on 1..16 threads, and of each GPU stage alone, to see what scales."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.array.read import from_zarr_gpu
+    from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.cuda.memory import release_cached_device_memory
 
     x = from_zarr_gpu(path, device=device, chunks=block or "auto")

@@ -89,8 +89,8 @@ def run(args: Any) -> int:
     import dask.array as da
 
     from gpuzarr_dist.array.read import from_zarr_gpu
-    from gpuzarr_dist.distributed.cluster import start_cluster
     from gpuzarr_dist.cuda.device import gpu_status, resolve_device
+    from gpuzarr_dist.distributed.cluster import start_cluster
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False)) or device == "cpu"

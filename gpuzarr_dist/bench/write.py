@@ -54,8 +54,8 @@ def run(args) -> int:
     import zarr
     import zarr.codecs as zc
 
-    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
     from gpuzarr_dist.api import to_zarr_gpu
+    from gpuzarr_dist.cuda.device import gpu_status, resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))
@@ -173,8 +173,8 @@ def _small_chunk(block_steps: int, mib: float) -> tuple[int, ...]:
 
 def _stages(x, device: str, block_steps: int, small: list[tuple[int, ...]], folder: str, quick: bool) -> None:
     """Per-stage timings of one block on one thread, then thread scaling, for each layout of the table."""
-    from gpuzarr_dist.core.layout import plan_layout
     from gpuzarr_dist.bench.write_stages import stage_times, thread_scaling
+    from gpuzarr_dist.core.layout import plan_layout
 
     gpu = device == "gpu"
     block = x.blocks[0].compute(scheduler="sync")

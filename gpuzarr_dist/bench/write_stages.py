@@ -29,8 +29,8 @@ import numpy as np
 def block_writer(folder: str, block_shape: tuple[int, ...], nblocks: int, dtype: Any, chunk: tuple[int, ...],
                  shard: tuple[int, ...] | None, codec: str = "zstd", device: str = "auto") -> Any:
     """A :class:`~gpuzarr_dist.array.write.BlockWriter` for an array of ``nblocks`` blocks along axis 0, under ``folder``."""
-    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
     from gpuzarr_dist.array.write import BlockWriter
+    from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
     from gpuzarr_dist.stores.target import codec_objects, create_metadata, open_target
 
     shape = (block_shape[0] * nblocks, *block_shape[1:])

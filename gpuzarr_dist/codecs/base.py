@@ -47,7 +47,7 @@ class Codec(ABC):
         self.config = config
 
     @classmethod
-    def from_config(cls, config: dict) -> "Codec":
+    def from_config(cls, config: dict) -> Codec:
         return cls(**config)
 
     def to_config(self) -> dict:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import google_crc32c
-import numpy as np
 import numcodecs
+import numpy as np
 
 from gpuzarr_dist.codecs.base import BytesBytesCodec
 

@@ -20,8 +20,8 @@ import numpy as np
 
 from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
 from gpuzarr_dist.codecs.registry import get_codec
-from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
 from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
 from gpuzarr_dist.runtime.threads import map_all
 
 

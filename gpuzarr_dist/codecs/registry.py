@@ -10,8 +10,8 @@ from __future__ import annotations
 from gpuzarr_dist.codecs.arrays import Bytes, Delta, Transpose
 from gpuzarr_dist.codecs.base import Codec
 from gpuzarr_dist.codecs.compressors import LZ4, Blosc, Crc32c, GZip, Zlib, Zstd
-from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
 from gpuzarr_dist.core.metadata import CodecSpec
+from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
 
 _REGISTRY: dict[str, type[Codec]] = {}
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from gpuzarr_dist.codecs.compressors import crc32c_value
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
-from gpuzarr_dist.errors import ChunkDecodeError, MetadataError
 from gpuzarr_dist.core.metadata import ArraySpec
+from gpuzarr_dist.errors import ChunkDecodeError, MetadataError
 
 MISSING = np.uint64(2**64 - 1)
 
@@ -69,7 +69,7 @@ class ShardIndex:
         out[missing] = -1
         return out
 
-    def decode_many(self, raws: "list[Any]", keys: "list[str]") -> "list[np.ndarray | None]":
+    def decode_many(self, raws: list[Any], keys: list[str]) -> list[np.ndarray | None]:
         """:meth:`decode` of each of ``raws`` (``None`` stays ``None``), numpy over all of them at once.
 
         For the usual index codecs (``bytes``, then ``crc32c`` or nothing) the
@@ -109,7 +109,7 @@ class ShardIndex:
             out[i] = rows[j]
         return out
 
-    def _plain(self) -> "tuple[str, int] | None":
+    def _plain(self) -> tuple[str, int] | None:
         """``(uint64 dtype string, number of crc32c layers)`` where the index codecs are ``bytes`` and crc32c
         checksums only (what :meth:`decode_many` reads in one go), else ``None``."""
         p = self.pipeline
@@ -141,7 +141,7 @@ class ShardIndex:
         return out
 
     # -- the write side ------------------------------------------------------------
-    def build(self, chunks: "list[Any]", key: str) -> bytes:
+    def build(self, chunks: list[Any], key: str) -> bytes:
         """One shard's stored bytes: the encoded inner chunks (C order of their grid positions,
         ``None`` for absent ones) laid end to end, and the encoded index at the start or the end.
 
@@ -150,7 +150,7 @@ class ShardIndex:
         """
         return b"".join(self.build_parts(chunks, key))
 
-    def build_parts(self, chunks: "list[Any]", key: str) -> list[Any]:
+    def build_parts(self, chunks: list[Any], key: str) -> list[Any]:
         """The pieces of :meth:`build`'s shard in order, without joining them.
 
         The inner chunks are returned as given (no copy): a writer that takes

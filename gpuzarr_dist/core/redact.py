@@ -123,7 +123,7 @@ LIBRARY_LOGGERS = ("fsspec", "fsspec.http", "fsspec.asyn", "fsspec.cached", "s3f
                    "zarr.storage", "aiohttp.client", "botocore", "urllib3.connectionpool", "obstore", "gpuzarr_dist")
 _known: set[str] = set()
 _installed = threading.Lock()
-_filter: "RedactingFilter | None" = None
+_filter: RedactingFilter | None = None
 
 
 def redact_text(text: str) -> str:

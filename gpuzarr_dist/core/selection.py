@@ -92,7 +92,7 @@ class Plan:
         """The last part (every axis's last piece)."""
         return ChunkPart(*zip(*(a[-1] for a in self.axes))) if self.axes else ChunkPart((), (), ())
 
-    def rows(self, lo: int, hi: int) -> "Plan":
+    def rows(self, lo: int, hi: int) -> Plan:
         """The parts ``lo:hi`` (in C order) as a plan, where they are whole rows of the first axis."""
         per_row = self.n_parts // len(self.axes[0])
         if lo % per_row or hi % per_row:

@@ -31,11 +31,11 @@ import networkx as nx
 from cubed.runtime import types as ctypes
 from cubed.runtime.types import DagExecutor
 
-from gpuzarr_dist.cuda.device import resolve_device
 from gpuzarr_dist.cubed.backend import check_backend, loaded, worker_check
 from gpuzarr_dist.cubed.memory import decode_limit
 from gpuzarr_dist.cubed.storage import prepare_process, wrap_config
 from gpuzarr_dist.cubed.tasks import run_task, run_task_payload
+from gpuzarr_dist.cuda.device import resolve_device
 
 
 def _device(device: str) -> str:
@@ -314,7 +314,7 @@ class DistributedExecutor(DagExecutor):
             # cubed's configs hold local closures: cloudpickle them once, send the bytes to workers once
             payload = cloudpickle.dumps((pipeline.function, wrap_config(pipeline.config, dev, decode_limit(spec, dev)),
                                          dev, self.measure, self.retries))
-            [scattered] = client.scatter([payload], hash=False)
+            scattered = client.scatter([payload], hash=False)[0]
             created = time.time()
             items = iter(enumerate(pipeline.mappable))
             futures: dict[Any, Any] = {}
@@ -339,7 +339,7 @@ class DistributedExecutor(DagExecutor):
                 client.cancel(list(futures))
                 raise
             finally:
-                del scattered
+                scattered = None  # the payload is released with its last future
             _notify(callbacks, "on_operation_end", _event("OperationEndEvent", name=name))
 
 

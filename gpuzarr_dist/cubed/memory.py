@@ -99,7 +99,7 @@ class _Measure:
     start: int = 0
     peak: int = 0
 
-    def __enter__(self) -> "_Measure":
+    def __enter__(self) -> _Measure:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -109,7 +109,7 @@ class _Measure:
 class _RssMeasure(_Measure):
     """Cubed's own measure: the process's peak resident set size (start and end of the task)."""
 
-    def __enter__(self) -> "_RssMeasure":
+    def __enter__(self) -> _RssMeasure:
         self.start = _rss()
         return self
 
@@ -132,7 +132,7 @@ _tracemalloc_lock = threading.Lock()
 class _TracemallocMeasure(_Measure):
     """Peak of traced allocations (numpy reports its buffers to tracemalloc) during the task."""
 
-    def __enter__(self) -> "_TracemallocMeasure":
+    def __enter__(self) -> _TracemallocMeasure:
         import tracemalloc
 
         with _tracemalloc_lock:
@@ -152,7 +152,7 @@ class _TracemallocMeasure(_Measure):
 class _GpuMeasure(_Measure):
     """Peak bytes the task's thread held from CuPy's device memory pool."""
 
-    def __enter__(self) -> "_GpuMeasure":
+    def __enter__(self) -> _GpuMeasure:
         from gpuzarr_dist.cuda.memory import thread_peak_hook
 
         self._hook = thread_peak_hook()

@@ -8,14 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from gpuzarr_dist.errors import GpuZarrError
 from gpuzarr_dist.array.read import auto_block_shape
 from gpuzarr_dist.array.reader import BlockReader
-from gpuzarr_dist.stores.source import open_source
 from gpuzarr_dist.cubed.backend import use_backend
 from gpuzarr_dist.cubed.memory import decode_limit, min_allowed
 from gpuzarr_dist.cubed.spec import choose_device
 from gpuzarr_dist.cubed.storage import add_io
+from gpuzarr_dist.errors import GpuZarrError
+from gpuzarr_dist.stores.source import open_source
 
 
 class MemoryBudgetError(GpuZarrError, ValueError):

@@ -7,9 +7,9 @@ from typing import Any
 
 from dask.utils import parse_bytes
 
-from gpuzarr_dist.cuda.device import resolve_device
 from gpuzarr_dist.cubed.backend import CUPY, _same, loaded, use_backend
 from gpuzarr_dist.cubed.memory import default_read_block, default_reserved_mem
+from gpuzarr_dist.cuda.device import resolve_device
 
 
 def choose_device(device: str) -> str:

@@ -205,8 +205,8 @@ class IntermediateArray:
         key = (str(z.store), z.path, self.shape, str(self.dtype), self.chunks, repr(z.metadata.codecs))
         w = _writers.get(key)
         if w is None:
-            from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
             from gpuzarr_dist.array.write import BlockWriter
+            from gpuzarr_dist.core.metadata import spec_from_zarr_metadata
             from gpuzarr_dist.stores.target import open_target
 
             try:
@@ -269,7 +269,7 @@ class IntermediateGroup:
         self.dtype = getattr(group, "dtype", None)
         self.chunks = getattr(group, "chunks", None)
 
-    def field(self, name: str) -> "IntermediateArray":
+    def field(self, name: str) -> IntermediateArray:
         a = self._fields.get(name)
         if a is None:
             a = self._fields[name] = IntermediateArray(dict.__getitem__(self._group, name), self.device,

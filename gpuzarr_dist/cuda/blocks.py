@@ -24,15 +24,15 @@ from contextlib import ExitStack
 import cupy
 import numpy as np
 
+from gpuzarr_dist.config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
 from gpuzarr_dist.core.plan_reader import PlanReader
 from gpuzarr_dist.core.selection import Plan, grid_slabs, unit_step_grid, whole_chunk_grid
-from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
-from gpuzarr_dist.config import gpu_plan_turns, gpu_read_slot_min_bytes, gpu_read_slots
-from gpuzarr_dist.cuda.streams import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
 from gpuzarr_dist.cuda.sources import source
-from gpuzarr_dist.runtime.threads import read_slot
+from gpuzarr_dist.cuda.streams import ALIGN, pinned_empty, pinned_staging, settle, thread_stream, upload
 from gpuzarr_dist.runtime.once import warn_once
+from gpuzarr_dist.runtime.stages import stage_timer
+from gpuzarr_dist.runtime.threads import read_slot
 
 _warned: set[str] = set()
 

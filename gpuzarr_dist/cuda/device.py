@@ -55,7 +55,7 @@ def gpu_memory_bytes() -> int:
     return _total_memory(cupy.cuda.runtime.getDevice())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _total_memory(device: int) -> int:
     """Device ``device``'s total memory (asked once: reading every property took about 2 ms per graph built)."""
     import cupy

@@ -47,9 +47,9 @@ import numpy as np
 from gpuzarr_dist.codecs.compressors import crc32c_value
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.config import nvcomp_api
-from gpuzarr_dist.errors import ChunkEncodeError
-from gpuzarr_dist.cuda.streams import on_stream, thread_nvcomp_codec, upload
 from gpuzarr_dist.cuda.sources import source
+from gpuzarr_dist.cuda.streams import on_stream, thread_nvcomp_codec, upload
+from gpuzarr_dist.errors import ChunkEncodeError
 
 #: codec name -> nvCOMP algorithm that produces its payload
 NVCOMP_ENCODERS: dict[str, str] = {"zstd": "Zstd", "gzip": "Deflate"}
@@ -96,8 +96,8 @@ def _forget_max(algorithm: str, nbytes: int) -> None:
 
 def gather(src_ptrs: np.ndarray, sizes: Sequence[int], stream: cupy.cuda.Stream) -> tuple[cupy.ndarray, list[int]]:
     """Pack device buffers (``src_ptrs``, ``sizes``) into one device buffer at 256-byte aligned offsets: one kernel."""
-    from gpuzarr_dist.cuda.streams import align
     from gpuzarr_dist.cuda.launch import kernel
+    from gpuzarr_dist.cuda.streams import align
 
     offsets, total = [], 0
     for s in sizes:
@@ -175,7 +175,7 @@ class PendingEncode:
     stream) could free memory the GPU still reads or writes.
     """
 
-    def __init__(self, pipeline: CodecPipeline, keys: Sequence[str], stream: cupy.cuda.Stream, clock: "_Clock"):
+    def __init__(self, pipeline: CodecPipeline, keys: Sequence[str], stream: cupy.cuda.Stream, clock: _Clock):
         self.pipeline, self.keys, self.stream, self.clock = pipeline, list(keys), stream, clock
         self.n = self.nbytes = self.n_crc = 0
         self.compressor: str | None = None
@@ -237,8 +237,8 @@ def _encode_joined(algorithm: str, stream: cupy.cuda.Stream, in_ptrs: list[int],
 
 def _execute_encodes(batch: list[Any]) -> None:
     """One encode for every request of ``batch`` on this thread's stream, in the process's scratch (see above)."""
-    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
     from gpuzarr_dist.config import encode_scratch_bytes
+    from gpuzarr_dist.cuda import nvcomp as nvcomp_c
     from gpuzarr_dist.cuda.streams import settle, thread_stream
 
     stream = thread_stream()
@@ -283,7 +283,7 @@ def workspace_bytes() -> int:
 
 def launch_encode_gpu(
     pipeline: CodecPipeline, chunks: cupy.ndarray, keys: Sequence[str], stream: cupy.cuda.Stream,
-    clock: "_Clock | None" = None,
+    clock: _Clock | None = None,
 ) -> PendingEncode:
     """Enqueue the encode of ``chunks`` on ``stream`` and return without waiting for the GPU.
 

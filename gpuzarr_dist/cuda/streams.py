@@ -23,8 +23,8 @@ import cupy
 import numpy as np
 
 from gpuzarr_dist.config import SYNC_WAITS, gpu_sync_wait
-from gpuzarr_dist.errors import GpuZarrError
 from gpuzarr_dist.cuda.pinned import PinnedPool
+from gpuzarr_dist.errors import GpuZarrError
 
 _local = threading.local()
 _keep: list = []  # streams live as long as the process: never destroyed under pending work

@@ -16,8 +16,8 @@ import numpy as np
 
 from gpuzarr_dist.core.plan_reader import PlanReader
 from gpuzarr_dist.cuda.decode import decode_batch_gpu, framing_lead, gpu_unsupported
-from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream, upload
 from gpuzarr_dist.cuda.sources import source
+from gpuzarr_dist.cuda.streams import ALIGN, pinned_staging, thread_stream, upload
 from gpuzarr_dist.runtime.threads import decode_pool
 
 

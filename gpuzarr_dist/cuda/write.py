@@ -19,12 +19,12 @@ from typing import Any
 
 import cupy
 
-from gpuzarr_dist.cuda.encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
-from gpuzarr_dist.config import gpu_min_batch_bytes
-from gpuzarr_dist.errors import ChunkEncodeError
-from gpuzarr_dist.cuda.streams import thread_stream
-from gpuzarr_dist.runtime.once import warn_once
 from gpuzarr_dist.codecs.encode import BlockEncoder, ChunkWriter, CpuBlockEncoder, chunk_grid
+from gpuzarr_dist.config import gpu_min_batch_bytes
+from gpuzarr_dist.cuda.encode import finish_encode_gpu, gpu_encode_unsupported, launch_encode_gpu
+from gpuzarr_dist.cuda.streams import thread_stream
+from gpuzarr_dist.errors import ChunkEncodeError
+from gpuzarr_dist.runtime.once import warn_once
 
 _warned: set[str] = set()
 

@@ -30,8 +30,8 @@ import dask
 import distributed
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from gpuzarr_dist.errors import DeviceUnavailableError
 from gpuzarr_dist.cuda.device import DEVICES, device_count, gpu_status, share_device_pool
+from gpuzarr_dist.errors import DeviceUnavailableError
 
 #: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
 #: of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with the ~890 MiB auto blocks of a 139 GiB GPU),

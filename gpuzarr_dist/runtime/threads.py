@@ -12,8 +12,8 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_EXCEPTION, Executor, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from gpuzarr_dist import config
@@ -59,7 +59,7 @@ def folder_pool() -> ThreadPoolExecutor:
     return _pool("folders", min(4, config.io_threads()))
 
 
-_slots: dict[tuple[int, str, int], "_FifoSemaphore"] = {}
+_slots: dict[tuple[int, str, int], _FifoSemaphore] = {}
 
 
 @contextmanager

@@ -51,7 +51,7 @@ class ChunkStore(ABC):
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """The bytes of each chunk key (relative to the array), ``None`` where absent."""
 
-    def read_into(self, keys: Sequence[str], staging: "Callable[[int], Any]", align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
+    def read_into(self, keys: Sequence[str], staging: Callable[[int], Any], align: int = 256, lead: int = 0) -> tuple[Any, list[int], list[int]]:
         """Read chunks into one staging buffer at ``align``-ed offsets.
 
         ``staging(nbytes)`` returns a writable uint8 buffer of at least

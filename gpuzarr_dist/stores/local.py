@@ -9,18 +9,15 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-
-from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
-from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
-from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
-from gpuzarr_dist.stores.retry import with_retries
+from gpuzarr_dist.config import io_threads, local_reads
 from gpuzarr_dist.cuda import files as cufiles  # loads no CUDA library at import
 from gpuzarr_dist.errors import ChunkReadError
-from gpuzarr_dist.config import io_threads, local_reads, shard_local_reads
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.runtime.threads import io_pool, map_all
-
-
+from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
+from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
+from gpuzarr_dist.stores.retry import with_retries
+from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
 
 #: per thread: the (store, files) that ``LocalChunkStore.held`` keeps open
 _HELD = threading.local()

@@ -30,7 +30,7 @@ class ByteRange(NamedTuple):
     length: int
 
     @classmethod
-    def suffix(cls, key: str, n: int) -> "ByteRange":
+    def suffix(cls, key: str, n: int) -> ByteRange:
         return cls(key, -n, n)
 
 

@@ -42,10 +42,10 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from gpuzarr_dist import config as gz_config
-from gpuzarr_dist.stores.base import ChunkStore
-from gpuzarr_dist.stores.ranges import ByteRange
 from gpuzarr_dist.errors import ChunkReadError
 from gpuzarr_dist.runtime import aio, malloc
+from gpuzarr_dist.stores.base import ChunkStore
+from gpuzarr_dist.stores.ranges import ByteRange
 
 REMOTE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "azure", "http", "https")
 
@@ -236,7 +236,7 @@ class ObjectChunkStore(ChunkStore):
 _CLIENT_ENV = ("AWS_", "GOOGLE_", "AZURE_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
 #: clients kept per process, least recently used dropped first
 _CLIENTS_MAX = 16
-_clients: "OrderedDict[str, Any]" = OrderedDict()
+_clients: OrderedDict[str, Any] = OrderedDict()
 _clients_pid = [os.getpid()]
 _clients_lock = threading.Lock()
 

@@ -37,12 +37,12 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist import config
+from gpuzarr_dist.codecs.sharding import ShardIndex
+from gpuzarr_dist.core.metadata import ArraySpec, ChunkKeys
+from gpuzarr_dist.errors import ChunkDecodeError, ChunkReadError
+from gpuzarr_dist.runtime.stages import stage_timer as _stage_timer
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.ranges import ByteRange, MergedRead, max_range, merge_gap, plan_reads
-from gpuzarr_dist.runtime.stages import stage_timer as _stage_timer
-from gpuzarr_dist.codecs.sharding import ShardIndex
-from gpuzarr_dist.errors import ChunkDecodeError, ChunkReadError
-from gpuzarr_dist.core.metadata import ArraySpec, ChunkKeys
 
 
 class IndexCache:

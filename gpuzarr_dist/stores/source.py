@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import os
+import re
 from typing import Any
 from urllib.parse import urlparse
 
 import zarr
 from zarr.abc.store import Store
 
+from gpuzarr_dist.codecs.registry import known_codecs
+from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
+from gpuzarr_dist.core.redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
+from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.local import LocalChunkStore
 from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
 from gpuzarr_dist.stores.sharded import ShardedChunkStore
 from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
-from gpuzarr_dist.codecs.registry import known_codecs
-from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
-from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
-from gpuzarr_dist.core.redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
 
 _METADATA_FILES = ("zarr.json", ".zarray", ".zgroup")
 

@@ -178,7 +178,7 @@ class ReadTables:
         self._bound = False
 
     @classmethod
-    def checked(cls, reads: Sequence[Any], nbytes: int, array: str) -> "ReadTables":
+    def checked(cls, reads: Sequence[Any], nbytes: int, array: str) -> ReadTables:
         """The tables, or ``RuntimeError`` naming ``array`` and the read whose pieces would land outside the
         buffer or overlap (a planning error: the kernel must never write past the buffers)."""
         try:

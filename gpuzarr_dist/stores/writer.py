@@ -112,7 +112,7 @@ class ObjectWriter(ABC):
     def existing(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key holds an object already."""
 
-    def prepare(self, keys: Sequence[str]) -> None:
+    def prepare(self, keys: Sequence[str]) -> None:  # noqa: B027  (optional hook: a no-op by default)
         """A hint that ``keys`` will be written soon (e.g. make their folders ahead); returns at once. Optional."""
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuzarr_dist.stores.base import ChunkStore, check_key
 from gpuzarr_dist.errors import ChunkReadError
 from gpuzarr_dist.runtime.aio import gather_all
+from gpuzarr_dist.stores.base import ChunkStore, check_key
 
 
 class ZarrChunkStore(ChunkStore):

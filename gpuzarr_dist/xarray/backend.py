@@ -41,9 +41,9 @@ from xarray.backends.zarr import ZarrArrayWrapper, ZarrBackendEntrypoint
 from xarray.coding import variables as _cf
 from xarray.core import indexing
 
-from gpuzarr_dist.errors import GpuZarrError
 from gpuzarr_dist.array.read import from_zarr_gpu
 from gpuzarr_dist.cuda.device import array_module, resolve_device
+from gpuzarr_dist.errors import GpuZarrError
 
 try:  # xarray >= 2025.01 moved it to coding.common
     from xarray.coding.common import _ElementwiseFunctionArray

@@ -22,11 +22,10 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from gpuzarr_dist.errors import ArrayExistsError
 from gpuzarr_dist.array.write import write_array_graph
 from gpuzarr_dist.core.layout import plan_layout
+from gpuzarr_dist.errors import ArrayExistsError
 from gpuzarr_dist.stores.target import codec_objects, join_path, open_target
-
 
 #: encoding entries about the source's storage, not the variable's CF encoding
 _STORAGE_KEYS = frozenset({

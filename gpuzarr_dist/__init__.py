@@ -41,6 +41,7 @@ __all__ = [
     "ChunkWriteError",
     "ChunkReadError",
     "DeviceUnavailableError",
+    "GpuOutOfMemoryError",
     "GpuZarrError",
     "MetadataError",
     "UnsupportedCodecError",
@@ -63,4 +64,3 @@ def __getattr__(name: str):
 
         return start_cluster
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-__all__ += ["GpuOutOfMemoryError"]

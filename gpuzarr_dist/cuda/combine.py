@@ -54,7 +54,7 @@ class Combiner:
     ``run(request, execute)`` returns once ``request`` has been executed, in
     this thread's call or another's. ``execute(requests)`` must not raise: it
     sets ``result`` (or ``error``, or ``alone``) on every request it is given.
-    ``calls`` and ``requests`` count what was executed (for tests and probes).
+    ``calls`` and ``requests`` count what was executed (for tests and benchmarks).
     """
 
     def __init__(self) -> None:

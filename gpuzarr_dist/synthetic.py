@@ -17,6 +17,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -261,4 +262,8 @@ def make_era5_like(
         t0 += len(slab)
         bar.update(t0)
     arr.attrs[_MARKER] = {**marker, "complete": True}
+    if component:  # xarray opens a group with consolidated metadata without a warning
+        with warnings.catch_warnings():  # zarr-python notes that Zarr v3 has no such extension yet
+            warnings.filterwarnings("ignore", "Consolidated metadata", UserWarning)
+            zarr.consolidate_metadata(path)
     return Era5Store(path, component, (time_steps, NLAT, NLON), seed, reused=False, reference=total / time_steps)

@@ -36,7 +36,8 @@ CHAINS = ("zlib", "gzip", "zlib+crc32c", "gzip+crc32c", "blosc-zlib")
 DEFERRED = (-22, -4)  # to the CPU decoder, which may accept them (bytes after the end; gzip reserved flags)
 
 
-def _gzip_start(s: bytes) -> int:
+def gzip_start(s: bytes) -> int:
+    """Where the deflate data of a gzip member starts (the member's header is valid)."""
     flg, pos = s[3], 10
     if flg & 4:
         pos += 2 + int.from_bytes(s[pos : pos + 2], "little")
@@ -51,7 +52,7 @@ def _checksum_catches(wrap: int, s: bytes) -> bool:
     if wrap == DEFLATE_ZLIB:
         data = zlib.decompressobj(-15).decompress(s[2:-4])
         return zlib.adler32(data) != int.from_bytes(s[-4:], "big")
-    data = zlib.decompressobj(-15).decompress(s[_gzip_start(s) : -8])
+    data = zlib.decompressobj(-15).decompress(s[gzip_start(s) : -8])
     return zlib.crc32(data) != int.from_bytes(s[-8:-4], "little") or len(data) % 2**32 != int.from_bytes(s[-4:], "little")
 
 

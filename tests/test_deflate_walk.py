@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dev.replay_deflate import gzip_start
 from gpuzarr_dist.codecs import blosc_frames as bf
 from gpuzarr_dist.cuda.deflate_walk import (
     ADLER32_SEGMENT,
@@ -216,23 +217,12 @@ def _cpu(wrap: int, s: bytes, n: int) -> bool:
     return len(out) == n
 
 
-def _gzip_start(s: bytes) -> int:
-    """Where the deflate data of a gzip member starts (the member's header is valid)."""
-    flg, pos = s[3], 10
-    if flg & 4:
-        pos += 2 + int.from_bytes(s[pos : pos + 2], "little")
-    for field in (8, 16):
-        if flg & field:
-            pos = s.index(b"\0", pos) + 1
-    return pos + (2 if flg & 2 else 0)
-
-
 def _checksums_catch(wrap: int, s: bytes, n: int) -> bool:
     """Whether the checks after nvCOMP's decode (adler32, or CRC-32 and size) reject a stream the walk passed."""
     if wrap == DEFLATE_ZLIB:
         data = zlib.decompressobj(-15).decompress(s[2:-4])
         return zlib.adler32(data) != int.from_bytes(s[-4:], "big")
-    data = zlib.decompressobj(-15).decompress(s[_gzip_start(s) : -8])
+    data = zlib.decompressobj(-15).decompress(s[gzip_start(s) : -8])
     return zlib.crc32(data) != int.from_bytes(s[-8:-4], "little") or len(data) != int.from_bytes(s[-4:], "little")
 
 

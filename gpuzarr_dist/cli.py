@@ -130,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     scale = bench_sub.add_parser("scale", help="read + time mean on 1, 2, 4 GPUs of this machine, "
                                  "beside the aggregate read ceiling; a reduction larger than one GPU's memory")
     scale.add_argument("--quick", action="store_true", help="a small array on 1 and 2 CPU workers, in seconds")
-    scale.add_argument("--gb-per-gpu", metavar="GB", type=float, help="decompressed GB per GPU (default 40)")
+    scale.add_argument("--gb-per-gpu", metavar="GB", type=float, action="append",
+                       help="decompressed GB per GPU (repeat for several sizes; default 8 and 40)")
+    scale.add_argument("--repeats", metavar="N", type=_positive_int, help="timed runs per row after a warm-up (default 3)")
+    scale.add_argument("--no-report", action="store_true", help="do not save dask performance reports (HTML)")
     scale.add_argument("--gpus", metavar="N", type=_positive_int, action="append",
                        help="GPU counts to run (repeat; default 1, 2, 4 up to the GPUs present)")
     scale.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
@@ -374,8 +377,8 @@ def _add_cluster_parser(sub: Any) -> None:
     cluster.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
                          help="auto (default): a GPU cluster when GPUs and dask-cuda are usable")
     cluster.add_argument("--scheduler-file", metavar="FILE", help="write the scheduler's address to FILE")
-    cluster.add_argument("--dashboard-address", metavar="ADDR", default=":8787",
-                         help="dashboard address (default :8787; 'none' for no dashboard)")
+    cluster.add_argument("--dashboard-address", metavar="ADDR", default="localhost:8787",
+                         help="dashboard address (default localhost:8787, this machine only; ':8787' for every interface; 'none' for no dashboard)")
     cluster.add_argument("--host", metavar="HOST", help="interface address the scheduler listens on "
                          "(default: localhost only)")
     cluster.add_argument("--run-for", metavar="SECONDS", type=float, help=argparse.SUPPRESS)

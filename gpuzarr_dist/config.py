@@ -346,3 +346,16 @@ def window_part_chunks() -> int:
 def window_part_threads() -> int:
     """``gpuzarr.windows.part-threads``: the threads a :class:`~gpuzarr_dist.WindowSampler` reads parts on (at least 1)."""
     return max(1, _count_setting("gpuzarr.windows.part-threads"))
+
+
+# --- clusters ---------------------------------------------------------------------------------
+
+
+def cluster_placement() -> bool:
+    """``gpuzarr.cluster.placement``: place consecutive blocks of a ``from_zarr_gpu`` array on one worker each."""
+    return _flag_setting("gpuzarr.cluster.placement")
+
+
+def cluster_warm() -> bool:
+    """``gpuzarr.cluster.warm``: ``start_cluster`` warms every GPU worker before it returns."""
+    return _flag_setting("gpuzarr.cluster.warm")

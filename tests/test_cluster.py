@@ -228,6 +228,7 @@ def fake_gpus(monkeypatch):
     monkeypatch.setattr(cluster_mod, "gpu_status", lambda: (True, "4 CUDA device(s) (fake)"))
     monkeypatch.setattr(cluster_mod, "_local_cuda_cluster_class", lambda: FakeLocalCUDACluster)
     monkeypatch.setattr(cluster_mod, "share_device_pool", lambda: _Recorder.pool_shared.append(1) or "fake pool")
+    monkeypatch.setattr(cluster_mod, "cluster_warm", lambda: False)  # the warm-up reads on a real GPU
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1,2,0")
     _Recorder.calls.clear()
     _Recorder.pool_shared.clear()

@@ -166,3 +166,14 @@ def test_staging_buffers_copy_up_intact_from_threads_and_are_reused_across_sizes
             assert all(ex.map(one, [(i, n) for i in range(16)]))
             gc.collect()
     assert pool.pins == pins
+
+
+def test_reserve_pins_ahead_and_counts_what_is_free():
+    alloc = Allocator()
+    pool = PinnedPool(alloc)
+    assert pool.reserve(3, 700_000_000 // 64) == 3 * (16 << 20)
+    assert alloc.sizes == [16 << 20] * 3 and pool.free_bytes() == 3 * (16 << 20)
+    assert pool.reserve(3, 700_000_000 // 64) == 0  # already free: nothing new pinned
+    held = [pool.take(10 << 20) for _ in range(3)]
+    assert len(alloc.sizes) == 3  # the reads took the reserved buffers
+    del held

@@ -1,29 +1,48 @@
-"""Stream hygiene for GPU graphs: every task synchronises its thread's CUDA stream before returning.
+"""Graph optimisation for arrays read by ``from_zarr_gpu``: stream hygiene and block placement hints.
 
-On the GPU each worker thread reads, decodes and runs the user's kernels on its
-own CUDA stream (:mod:`gpuzarr_dist.cuda.streams`). A task's result may be
-consumed by a task on another thread, i.e. on another stream, so each task must
-finish its stream's work before it hands the result on. Dask gives no per-task
-hook on the worker thread, so the array optimisation step does it: after
-dask's own optimisation (blockwise fusion, culling, slice fusion, unchanged),
-each task of a graph that reads GPU arrays is wrapped so that it synchronises
-the stream of the thread that ran it. Tasks on threads that never touched the
-GPU pay one dictionary lookup.
+**Stream hygiene.** On the GPU each worker thread reads, decodes and runs the
+user's kernels on its own CUDA stream (:mod:`gpuzarr_dist.cuda.streams`). A
+task's result may be consumed by a task on another thread, i.e. on another
+stream, so each task must finish its stream's work before it hands the result
+on. Dask gives no per-task hook on the worker thread, so the array
+optimisation step does it: after dask's own optimisation (blockwise fusion,
+culling, slice fusion, unchanged), each task of a graph that reads GPU arrays
+is wrapped so that it synchronises the stream of the thread that ran it.
+Tasks on threads that never touched the GPU pay one dictionary lookup.
 
-Installed as dask's ``array_optimize`` the first time a GPU array is made,
-unless the user has set their own.
+**Placement hints.** Every task that has no dependencies in a graph that reads
+``from_zarr_gpu`` arrays (on either device) gets the annotation
+:data:`PLACE_ANNOTATION`: ``(position, count)`` of its block among the
+blocks of its layer, in block order. On a cluster started by
+:func:`gpuzarr_dist.start_cluster`, the scheduler plugin
+:class:`gpuzarr_dist.distributed.placement.BlockPlacement` turns it into a
+loose worker restriction: consecutive blocks go to the same worker, in equal
+shares, so that a reduction's partial results are combined where they were
+made and cross workers only near the top of the tree. Without that plugin the
+annotation is ignored.
+
+Installed as dask's ``array_optimize`` the first time a ``from_zarr_gpu``
+array is made, unless the user has set their own. Dask runs it where the graph
+is materialised: on the distributed scheduler, or in the calling process.
 """
 
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 from typing import Any
 
 import dask
 from dask._task_spec import Task
 from dask.array.optimization import optimize as dask_optimize
+from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+
+from gpuzarr_dist.config import cluster_placement
 
 GPU_LAYER_PREFIX = "from-zarr-gpu-cuda-"
+CPU_LAYER_PREFIX = "from-zarr-gpu-cpu-"
+#: the annotation that carries a root task's ``(position, count)`` among its layer's blocks
+PLACE_ANNOTATION = "gpuzarr-place"
 
 
 def _then_sync(value: Any) -> Any:
@@ -33,23 +52,69 @@ def _then_sync(value: Any) -> Any:
     return value
 
 
-def _reads_gpu(dsk: Any) -> bool:
+def _layer_names(dsk: Any) -> list[str]:
     layers = getattr(dsk, "layers", None)
-    names = layers.keys() if layers is not None else ()
-    return any(str(n).startswith(GPU_LAYER_PREFIX) for n in names)
+    return [str(n) for n in (layers.keys() if layers is not None else ())]
+
+
+def _reads(dsk: Any) -> tuple[bool, bool]:
+    """``(reads GPU arrays, reads from_zarr_gpu arrays on any device)``."""
+    names = _layer_names(dsk)
+    gpu = any(n.startswith(GPU_LAYER_PREFIX) for n in names)
+    return gpu, gpu or any(n.startswith(CPU_LAYER_PREFIX) for n in names)
+
+
+def _block_order(key: Any) -> tuple:
+    return tuple(key[1:]) if isinstance(key, tuple) else ()
+
+
+def placement_hints(dsk: dict) -> dict:
+    """``{key: (position, count)}`` for the tasks of ``dsk`` that depend on no other task of it.
+
+    Grouped by key name (the layer), ordered by block index: block ``i`` of
+    two arrays of the same chunking get the same hint, so they are placed
+    together.
+    """
+    by_name: dict[str, list] = defaultdict(list)
+    for k, node in dsk.items():
+        deps = getattr(node, "dependencies", None)
+        if deps is None or any(d in dsk for d in deps):
+            continue
+        name = k[0] if isinstance(k, tuple) else k
+        by_name[str(name)].append(k)
+    hints = {}
+    for keys in by_name.values():
+        if len(keys) < 2:
+            continue
+        keys.sort(key=_block_order)
+        n = len(keys)
+        for i, k in enumerate(keys):
+            hints[k] = (i, n)
+    return hints
 
 
 def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:
-    """dask's array optimisation, then a stream synchronisation at the end of every task of GPU graphs."""
-    gpu = _reads_gpu(dsk)
+    """dask's array optimisation; for graphs that read ``from_zarr_gpu`` arrays, placement hints, and on the
+    GPU a stream synchronisation at the end of every task."""
+    gpu, ours = _reads(dsk)
     out = dask_optimize(dsk, keys, **kwargs)
-    if not gpu:
+    if not ours:
         return out
     out = dict(out)
-    for k, node in out.items():
-        if isinstance(node, Task):
-            out[k] = Task(k, _then_sync, node)
-    return out
+    if gpu:
+        for k, node in out.items():
+            if isinstance(node, Task):
+                out[k] = Task(k, _then_sync, node)
+    hints = placement_hints(out) if cluster_placement() else {}
+    if not hints:
+        return out
+    roots = {k: out.pop(k) for k in hints}
+    name = "gpuzarr-blocks"
+    layers = {
+        name: MaterializedLayer(roots, annotations={PLACE_ANNOTATION: hints.__getitem__}),
+        name + "-rest": MaterializedLayer(out),
+    }
+    return HighLevelGraph(layers, {name: set(), name + "-rest": {name}})
 
 
 def install() -> None:

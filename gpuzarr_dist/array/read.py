@@ -20,8 +20,8 @@ from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
 from gpuzarr_dist import config
-from gpuzarr_dist.array.optimize import GPU_LAYER_PREFIX
-from gpuzarr_dist.array.optimize import install as install_stream_sync
+from gpuzarr_dist.array.optimize import CPU_LAYER_PREFIX, GPU_LAYER_PREFIX
+from gpuzarr_dist.array.optimize import install as install_optimize
 from gpuzarr_dist.array.reader import BlockReader
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.cuda.device import gpu_memory_bytes, resolve_device
@@ -144,10 +144,9 @@ def from_zarr_gpu(
             f"blocks to list ({type(e).__name__}); pass larger chunks= or open a region of the array"
         ) from e
     _warn_if_array_expr()
-    prefix = GPU_LAYER_PREFIX if dev == "gpu" else "from-zarr-gpu-cpu-"
+    prefix = GPU_LAYER_PREFIX if dev == "gpu" else CPU_LAYER_PREFIX
     name = prefix + tokenize(store.token(), spec, dev, block_chunks)
-    if dev == "gpu":
-        install_stream_sync()
+    install_optimize()
     return da.from_array(
         reader,
         chunks=block_chunks,

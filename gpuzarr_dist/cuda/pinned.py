@@ -88,6 +88,23 @@ class PinnedPool:
             self._collect()
             return sum(size for size, _ in self._free)
 
+    def reserve(self, count: int, nbytes: int) -> int:
+        """Pin buffers until ``count`` free ones hold ``nbytes`` each (pinning is slow: do it ahead of the reads);
+        the bytes newly pinned."""
+        want = size_class(nbytes)
+        with self._lock:
+            self._collect()
+            have = sum(1 for size, _ in self._free if nbytes <= size <= want * REUSE_FACTOR)
+        added = []
+        for _ in range(max(0, int(count) - have)):
+            added.append((want, self._alloc(want)))
+        with self._lock:
+            for entry in added:
+                bisect.insort_right(self._free, entry, key=lambda e: e[0])
+            self.pinned_bytes += want * len(added)
+            self.pins += len(added)
+        return want * len(added)
+
     def release(self) -> int:
         """Drop every free buffer (their memory goes back to the allocator's owner objects); the bytes dropped."""
         with self._lock:

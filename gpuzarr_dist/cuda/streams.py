@@ -241,6 +241,12 @@ def pinned_staging(nbytes: int) -> np.ndarray:
     return staging_pool().take(nbytes)
 
 
+def reserve_staging(count: int, nbytes: int) -> int:
+    """Pin ``count`` staging buffers of ``nbytes`` ahead of the reads that will take them (see
+    :meth:`.pinned.PinnedPool.reserve`); the bytes newly pinned."""
+    return staging_pool().reserve(count, nbytes)
+
+
 def sync_thread_stream() -> None:
     """Wait for all work on this thread's stream, and on CuPy's current stream where that is another one.
 

@@ -30,7 +30,9 @@ import dask
 import distributed
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from gpuzarr_dist.config import cluster_warm
 from gpuzarr_dist.cuda.device import DEVICES, device_count, gpu_status, share_device_pool
+from gpuzarr_dist.distributed.placement import BlockPlacement
 from gpuzarr_dist.errors import DeviceUnavailableError
 
 #: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
@@ -55,19 +57,23 @@ class WorkerSetup(WorkerPlugin):
 
     ``device``: ``"gpu"``, ``"cpu"`` or ``"auto"`` (decided in each worker by
     whether it has a usable GPU). ``share_pool``: route CuPy's and nvCOMP's
-    allocations to RMM (:func:`share_device_pool`).
+    allocations to RMM (:func:`share_device_pool`). ``warm``: on GPU
+    workers, run :func:`gpuzarr_dist.distributed.warm.warm_dask_worker`
+    before the worker takes tasks (default: ``gpuzarr.cluster.warm``).
     """
 
     name = PLUGIN_NAME
     idempotent = False
 
-    def __init__(self, config: dict | None = None, device: str = "auto", share_pool: bool = True):
+    def __init__(self, config: dict | None = None, device: str = "auto", share_pool: bool = True,
+                 warm: bool | None = None):
         self.config = dict(config or {})
         self.device = device
         self.share_pool = share_pool
-        self.state: dict[str, str] = {}
+        self.warm = warm
+        self.state: dict[str, Any] = {}
 
-    def setup(self, worker: Any = None) -> None:
+    def setup(self, worker: Any = None) -> Any:
         if self.config:
             dask.config.update(dask.config.config, {"gpuzarr": self.config}, priority="new")
         device = self.device
@@ -76,6 +82,15 @@ class WorkerSetup(WorkerPlugin):
         self.state["device"] = device
         if device == "gpu" and self.share_pool:
             self.state["pool"] = share_device_pool()
+        warm = cluster_warm() if self.warm is None else self.warm
+        if device == "gpu" and warm and worker is not None:
+            return self._warm(worker)  # a coroutine: the worker awaits it before it takes tasks
+        return None
+
+    async def _warm(self, worker: Any) -> None:
+        from gpuzarr_dist.distributed.warm import warm_dask_worker
+
+        self.state["warm"] = await warm_dask_worker(worker)
 
 
 def worker_state(dask_worker: Any) -> dict[str, str]:
@@ -123,6 +138,23 @@ def _check_count(n: int | None, what: str, available: int | None = None) -> None
         raise ValueError(f"{what}={n} asked for, but only {available} GPU(s) are visible to this process")
 
 
+#: where the dashboard listens by default: this machine only (JupyterHub's proxy and ssh tunnels reach it there)
+DEFAULT_DASHBOARD_ADDRESS = "localhost:8787"
+#: with ``dashboard_address=None``, the scheduler's HTTP routes (health, metrics) listen here: localhost, any free port
+NO_DASHBOARD_HTTP_ADDRESS = "localhost:0"
+
+
+def _scheduler_kwargs(dashboard_address: str | None, kwargs: dict) -> dict:
+    """``scheduler_kwargs`` for the local cluster: the block placement plugin and, without a dashboard, the
+    scheduler's other HTTP routes on a free port of localhost (dask would serve them on port 8787)."""
+    out = dict(kwargs.get("scheduler_kwargs") or {})
+    out["plugins"] = [*out.get("plugins", []), BlockPlacement()]
+    if dashboard_address is None:
+        out.setdefault("dashboard", False)
+        out.setdefault("dashboard_address", NO_DASHBOARD_HTTP_ADDRESS)
+    return out
+
+
 def gpu_cluster_kwargs(devices: list[str], n_gpus: int | None, threads_per_gpu: int | None,
                        memory_limit: Any, device_memory_limit: Any, rmm: bool | None,
                        dashboard_address: str | None, kwargs: dict) -> dict:
@@ -138,6 +170,8 @@ def gpu_cluster_kwargs(devices: list[str], n_gpus: int | None, threads_per_gpu: 
         "device_memory_limit": device_memory_limit,
         "dashboard_address": dashboard_address,
     }
+    out["scheduler_kwargs"] = _scheduler_kwargs(dashboard_address, kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if k != "scheduler_kwargs"}
     if rmm is None:
         import importlib.util
 
@@ -165,8 +199,9 @@ def cpu_cluster_kwargs(n_workers: int | None, threads: int | None, memory_limit:
         "processes": True,
         "memory_limit": memory_limit,
         "dashboard_address": dashboard_address,
+        "scheduler_kwargs": _scheduler_kwargs(dashboard_address, kwargs),
     }
-    out.update(kwargs)
+    out.update({k: v for k, v in kwargs.items() if k != "scheduler_kwargs"})
     return out
 
 
@@ -260,7 +295,7 @@ def _local_cluster(n_gpus: int | None, threads_per_gpu: int | None, device: str,
 def local_cluster(n_gpus: int | None = None, *, threads_per_gpu: int | None = None, device: str = "auto",
                   memory_limit: Any = "auto", device_memory_limit: Any = DEFAULT_DEVICE_MEMORY_LIMIT,
                   rmm: bool | None = None, env: dict[str, str] | None = None,
-                  dashboard_address: str | None = ":8787", **kwargs: Any) -> Any:
+                  dashboard_address: str | None = DEFAULT_DASHBOARD_ADDRESS, **kwargs: Any) -> Any:
     """The cluster :func:`start_cluster` starts, without a client: for dask-labextension's cluster factory.
 
     Workers set themselves up through the :mod:`gpuzarr_dist.distributed.preload` preload.
@@ -286,7 +321,7 @@ def start_cluster(
     device_memory_limit: Any = DEFAULT_DEVICE_MEMORY_LIMIT,
     rmm: bool | None = None,
     env: dict[str, str] | None = None,
-    dashboard_address: str | None = ":8787",
+    dashboard_address: str | None = DEFAULT_DASHBOARD_ADDRESS,
     quiet: bool = False,
     **kwargs: Any,
 ) -> distributed.Client:
@@ -322,8 +357,11 @@ def start_cluster(
     env
         Environment variables for the worker processes.
     dashboard_address
-        Where the dashboard listens (None: no dashboard). Under JupyterHub the
-        printed link goes through jupyter-server-proxy.
+        Where the dashboard listens: by default port 8787 of this machine
+        only (``":8787"`` listens on every interface); ``None``: no dashboard
+        (the scheduler's health and metrics routes then listen on a free port
+        of localhost). Under JupyterHub the printed link goes through
+        jupyter-server-proxy.
     quiet
         Do not print the cluster, scheduler address and dashboard link.
     **kwargs
@@ -377,6 +415,7 @@ def _connect(address: str | None, scheduler_file: str | None, n_gpus: int | None
                 detail = "; ".join(f"{w}: {why}" for w, why in sorted(missing.items())) or "no workers"
                 raise DeviceUnavailableError(f"device='gpu' was asked for, but these workers have no usable GPU: "
                                              f"{detail}")
+        client.register_plugin(BlockPlacement())
         client.register_plugin(WorkerSetup(_gpuzarr_config(), device), name=PLUGIN_NAME)
     except BaseException:
         client.close()

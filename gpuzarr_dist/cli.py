@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--path", metavar="DIR", help="where the store goes (kept; reused when complete). "
                       "Default: a temporary directory, removed at the end")
     demo.add_argument("--time-steps", metavar="N", type=_positive_int,
-                      help="time steps to write (default: 600 on a GPU, about 2.5 GB; 48 on a CPU)")
+                      help="time steps to write (default: 600 per GPU, about 2.5 GB each; 48 on a CPU)")
+    demo.add_argument("--gpus", metavar="N", type=_positive_int,
+                      help="GPUs to use (default: all; with several, one dask-cuda worker per GPU)")
     demo.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto",
                       help="where to decode and compute (default: auto, the GPU when one is usable)")
     demo.add_argument("--keep", action="store_true", help="keep the temporary store and print where it is")
@@ -169,7 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gpuzarr_dist.demo import run_demo
 
-    result = run_demo(path=args.path, time_steps=args.time_steps, device=args.device, keep=args.keep)
+    result = run_demo(path=args.path, time_steps=args.time_steps, device=args.device, keep=args.keep,
+                      gpus=args.gpus)
     if not result.ok:
         print(f"{PROG} demo: the result does not match the reference (max relative error "
               f"{result.max_rel_error:.1e})", file=sys.stderr)

@@ -3,7 +3,7 @@
 Every fenced ``python`` block of ``docs/*.md`` and ``README.md`` runs, in order
 per page, in one fresh namespace per page, in a temporary working directory
 that holds the demo's store as ``era5.zarr`` (a group with the array ``t2m``
-and its coordinates, written by the demo's own generator at 8 time steps). A
+and its coordinates, written by ``gpuzarr-dist demo``'s own code at 8 time steps). A
 block that needs what CI does not have (a GPU or a GPU cluster, a batch
 system, an object store) is marked by the line ``<!-- no-run -->`` right before
 its fence; such blocks are still compiled, so they stay valid Python.
@@ -154,10 +154,15 @@ def test_no_run_blocks_compile(page: Path) -> None:
 
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from gpuzarr_dist.demo import make_era5_like
+    """The store ``gpuzarr-dist demo`` writes, by the demo itself."""
+    import io
 
+    from gpuzarr_dist.demo import COMPONENT as DEMO_COMPONENT
+    from gpuzarr_dist.demo import run_demo
+
+    assert DEMO_COMPONENT == COMPONENT
     path = tmp_path_factory.mktemp("docs-store") / STORE
-    make_era5_like(path, TIME_STEPS, component=COMPONENT)
+    assert run_demo(path, TIME_STEPS, device="cpu", out=io.StringIO()).ok
     return path
 
 

@@ -2,9 +2,10 @@
 in the same run on the same files, through the tools a user would pick instead.
 
 Rows: the raw file-read ceiling (no decode), gpuzarr-dist, zarr-python (numpy),
-zarr-python with ``zarr.config.enable_gpu()`` (GPU only), ``dask.array.from_zarr``
-with threads, and tensorstore when installed; each warm (files in the page
-cache) and cold (files dropped from it first).
+zarr-python with ``zarr.config.enable_gpu()`` (GPU only), zarr-python with
+zarrs' Rust codec pipeline and tensorstore when installed, and
+``dask.array.from_zarr`` with threads; each warm (files in the page cache) and
+cold (files dropped from it first).
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ def _tensorstore(path: str, driver: str = "zarr3") -> Callable[[], None] | None:
     def run() -> None:
         t = ts.open({"driver": driver, "kvstore": {"driver": "file", "path": path}}, open=True).result()
         float(t.read().result().mean(axis=0)[0, 0])
+
+    return run
+
+
+def _zarrs(path: str) -> Callable[[], None] | None:
+    """zarr-python with zarrs' Rust codec pipeline (``codec_pipeline.path``): what a CPU user picks for speed."""
+    try:
+        import zarr
+        import zarrs  # noqa: F401
+    except ImportError:
+        return None
+
+    def run() -> None:
+        with zarr.config.set({"codec_pipeline.path": "zarrs.ZarrsCodecPipeline"}):
+            a = zarr.open_array(path, mode="r")
+            float(a[:].mean(axis=0)[0, 0])
 
     return run
 
@@ -206,6 +223,7 @@ def _run_one(path: str, codec: str, device: str, threads: int, steps: int, repea
         *api_rows,
         ("zarr-python a[:].mean(0)", _zarr_python(path, gpu=False)),
         ("zarr-python enable_gpu() a[:].mean(0)", _zarr_python(path, gpu=True) if device == "gpu" else None),
+        ("zarr-python + zarrs pipeline a[:].mean(0)", _zarrs(path)),
         (f"dask.array.from_zarr().mean(0), {threads} threads", _dask_from_zarr(path, threads)),
         ("tensorstore read().mean(0)", _tensorstore(path, "zarr" if codec == "blosc" else "zarr3")),
     ]

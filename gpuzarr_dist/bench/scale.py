@@ -79,15 +79,6 @@ def _ceiling_in_worker(files_by_worker: dict, threads: int, device: str, dask_wo
     return read_ceiling(files, threads, device) if files else (0.0, 0)
 
 
-def _device_limit(dask_worker: Any = None) -> int:
-    """The worker's device memory limit in bytes (dask-cuda's ``device_memory_limit``), 0 where it has none."""
-    for obj in (getattr(dask_worker, "data", None), getattr(getattr(dask_worker, "data", None), "manager", None)):
-        limit = getattr(obj, "device_memory_limit", None)
-        if limit:
-            return int(limit)
-    return 0
-
-
 # -- helpers ---------------------------------------------------------------------------------
 
 
@@ -137,6 +128,18 @@ def _have_bokeh() -> bool:
         return True
     print("no dask performance report: it needs bokeh (pip install bokeh)")
     return False
+
+
+def task_seconds(records: list[dict], submitted: float) -> dict[str, float]:
+    """From task-stream ``records`` of one computation submitted at ``submitted`` (``time.perf_counter``
+    clock): the summed compute seconds, the longest task, and when the first task started after submission."""
+    computes = [ss for rec in records for ss in rec.get("startstops", ()) if ss["action"] == "compute"]
+    if not computes:
+        return {"compute": 0.0, "longest": 0.0, "first_start": 0.0}
+    offset = time.time() - time.perf_counter()  # task streams use the wall clock
+    return {"compute": sum(ss["stop"] - ss["start"] for ss in computes),
+            "longest": max(ss["stop"] - ss["start"] for ss in computes),
+            "first_start": min(ss["start"] for ss in computes) - (submitted + offset)}
 
 
 def _summary(times: list[float]) -> tuple[float, float]:
@@ -267,18 +270,31 @@ class _Bench:
     def first_compute(self, n: int, gb: float, warm: bool) -> None:
         steps = self.steps(gb)
         x = self.arrays(n, gb)
+        from distributed import get_task_stream
+
         t0 = time.perf_counter()
-        with self.cluster(n, warm=warm):
+        with self.cluster(n, warm=warm) as client:
             started = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            float(x.mean(axis=0).compute()[0, 0])
-            first = time.perf_counter() - t0
-            times = _timed(lambda: x.mean(axis=0).compute(), self.repeats, warm=False)
+            with get_task_stream(client) as ts:
+                t0 = time.perf_counter()
+                float(x.mean(axis=0).compute()[0, 0])
+                first = time.perf_counter() - t0
+            first_tasks = task_seconds(ts.data, t0)
+            with get_task_stream(client) as ts:
+                t0 = time.perf_counter()
+                x.mean(axis=0).compute()
+                second = time.perf_counter() - t0
+            second_tasks = task_seconds(ts.data, t0)
+            times = [second, *_timed(lambda: x.mean(axis=0).compute(), self.repeats - 1, warm=False)]
         med = statistics.median(times)
+        where = (f"task seconds {first_tasks['compute']:.2f} vs {second_tasks['compute']:.2f} warm, "
+                 f"first task started {first_tasks['first_start']:.3f} vs {second_tasks['first_start']:.3f} s "
+                 f"after submit, longest task {first_tasks['longest']:.3f} vs {second_tasks['longest']:.3f} s")
         self.rows.append(Row(f"{gb:g} GB/GPU first compute, fresh cluster of {n} ({'warm' if warm else 'no warm'}-up)",
                              "warm", first, n * steps * STEP_BYTES,
-                             note=f"{first / med:.2f}x the warm median {med:.3f} s; start_cluster {started:.1f} s",
-                             extra={"first_s": first, "warm_median_s": med, "start_s": started, "warm_up": warm}))
+                             note=f"{first / med:.2f}x the warm median {med:.3f} s; start_cluster {started:.1f} s; {where}",
+                             extra={"first_s": first, "warm_median_s": med, "start_s": started, "warm_up": warm,
+                                    "first_tasks": first_tasks, "warm_tasks": second_tasks}))
         self.results.setdefault((gb, n), {})[f"first_ratio_{'warm' if warm else 'cold'}"] = first / med
 
     def larger_than_gpu(self) -> dict[str, Any]:
@@ -287,15 +303,19 @@ class _Bench:
 
         from gpuzarr_dist.array.read import from_zarr_gpu
         from gpuzarr_dist.cuda.device import gpu_memory_bytes
+        from gpuzarr_dist.distributed.cluster import DEFAULT_DEVICE_MEMORY_LIMIT
 
         steps = self.steps(max(self.sizes))
         one = len(self.stores) * steps * STEP_BYTES
         total = gpu_memory_bytes() if self.device == "gpu" else 0
         times_over = max(1, math.ceil(1.1 * total / one)) if total else 1
-        parts = [from_zarr_gpu(s.path, device=self.device) for s in self.stores] * times_over
+        # each repeat of a store shifted by its own constant: distinct tasks (the same array twice would be one
+        # set of tasks, read once), exact in float32 for these values, and taken off the reference below
+        shifts = [float(k) for k in range(times_over) for _ in self.stores]
+        parts = [from_zarr_gpu(s.path, device=self.device) + np.float32(k) for k in range(times_over) for s in self.stores]
         x = da.concatenate(parts, axis=0)
+        limit = int(DEFAULT_DEVICE_MEMORY_LIMIT * total)  # the worker's device_memory_limit (start_cluster's default)
         with self.cluster(1) as client:
-            limit = next(iter(client.run(_device_limit).values())) if self.device == "gpu" else 0
             if self.device == "gpu":
                 client.run(_start_sampler)
             results = []
@@ -303,7 +323,7 @@ class _Bench:
             peak, total = next(iter(client.run(_stop_sampler).values())) if self.device == "gpu" else (0, 0)
         m = results[-1]
         m = m.get() if hasattr(m, "get") else np.asarray(m)
-        ref = sum(s.reference_mean() for s in self.stores) / len(self.stores)
+        ref = sum(s.reference_mean() for s in self.stores) / len(self.stores) + sum(shifts) / len(shifts)
         err = float(np.max(np.abs(m - ref) / np.abs(ref)))
         best, med = _summary(times)
         note = f"median {med:.3f} s; max rel. error {err:.1e}"

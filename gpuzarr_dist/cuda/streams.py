@@ -247,6 +247,18 @@ def reserve_staging(count: int, nbytes: int) -> int:
     return staging_pool().reserve(count, nbytes)
 
 
+def reserve_device_memory(nbytes: int) -> None:
+    """Grow the device memory pool by ``nbytes`` for this thread's stream, ahead of the reads that allocate it.
+
+    CuPy's pool keeps freed memory per stream and splits a free chunk to serve
+    smaller requests: a block's allocations on this thread then come from the
+    pool instead of ``cudaMalloc`` inside the task.
+    """
+    thread_stream()
+    buf = cupy.empty(int(nbytes), dtype=cupy.uint8)
+    del buf
+
+
 def sync_thread_stream() -> None:
     """Wait for all work on this thread's stream, and on CuPy's current stream where that is another one.
 

@@ -5,9 +5,10 @@ stream, nvCOMP's handles and scratch, loads our kernels and CuPy's reduction
 kernels, starts kvikio's and our I/O thread pools and pins staging buffers
 (100-250 ms per 512 MiB). :func:`warm_worker` does all of it at start-up: it
 writes a small zstd array into the worker's local directory and, on every one
-of the worker's threads at once, reads it with :func:`gpuzarr_dist.from_zarr_gpu`
-and reduces it, after pinning one staging buffer of the GPU block size per
-thread. Any error is raised: a worker that cannot read on its GPU should not
+of the worker's threads at once, grows the device pool for the thread's stream
+by :data:`DEVICE_BLOCKS_PER_THREAD` GPU blocks, reads the array with
+:func:`gpuzarr_dist.from_zarr_gpu` and reduces it, after pinning one staging
+buffer of the GPU block size per thread. Any error is raised: a worker that cannot read on its GPU should not
 start as if it could.
 """
 
@@ -24,6 +25,9 @@ import numpy as np
 
 #: the warm-up array: 64 chunks of 64 KiB (one nVCOMP batch of many chunks), float32
 _SHAPE, _CHUNKS = (64, 64, 256), (1, 64, 256)
+#: device memory each thread's stream gets in the pool ahead of its first block, in GPU blocks: a task
+#: holds about this many blocks' worth while it reads and decodes zstd (see ``gpuzarr.block-size.gpu``)
+DEVICE_BLOCKS_PER_THREAD = 6
 
 
 def _probe_data() -> np.ndarray:
@@ -42,13 +46,22 @@ def _write_probe(root: str) -> str:
     return path
 
 
+def _block_bytes() -> int:
+    from gpuzarr_dist import config
+    from gpuzarr_dist.cuda.device import gpu_memory_bytes
+
+    return config.block_size_bytes("gpu", gpu_memory_bytes)
+
+
 def _read_probe(path: str, barrier: threading.Barrier) -> str:
-    """On this thread: the stream, a staging buffer, one batched read + decode and the usual reductions."""
+    """On this thread: the stream and its share of the device pool, one batched read + decode and the usual
+    reductions."""
     from gpuzarr_dist.array.read import from_zarr_gpu
-    from gpuzarr_dist.cuda.streams import sync_thread_stream, thread_stream
+    from gpuzarr_dist.cuda.streams import reserve_device_memory, sync_thread_stream, thread_stream
 
     thread_stream()
     barrier.wait()  # every thread of the pool at once: each warms its own stream
+    reserve_device_memory(DEVICE_BLOCKS_PER_THREAD * _block_bytes())
     x = from_zarr_gpu(path, device="gpu", chunks=_SHAPE)
     m = x.mean(axis=0).compute(scheduler="sync")
     s = x.sum(axis=(1, 2), dtype="float64").compute(scheduler="sync")
@@ -79,11 +92,9 @@ def warm_worker(nthreads: int, local_dir: str | None = None) -> dict[str, Any]:
 
 
 def _reserve(nthreads: int) -> int:
-    from gpuzarr_dist import config
-    from gpuzarr_dist.cuda.device import gpu_memory_bytes
     from gpuzarr_dist.cuda.streams import reserve_staging
 
-    return reserve_staging(nthreads, config.block_size_bytes("gpu", gpu_memory_bytes))
+    return reserve_staging(nthreads, _block_bytes())
 
 
 async def warm_dask_worker(worker: Any) -> dict[str, Any]:

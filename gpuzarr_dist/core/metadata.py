@@ -359,6 +359,51 @@ def _sharding(codecs: tuple[CodecSpec, ...], shard_shape: tuple[int, ...], name:
     return inner_codecs, tuple(inner), shard_shape, index_codecs, index_location, (order if transposed else None)
 
 
+# --------------------------------------------------------------------------- reading a document
+
+#: the deepest nesting of arrays and objects a metadata document may have
+MAX_JSON_DEPTH = 256
+
+
+def json_depth(text: str | bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text, brackets inside strings aside; no recursion."""
+    data = text.encode() if isinstance(text, str) else bytes(text)
+    depth = deepest = 0
+    i, n = 0, len(data)
+    while i < n:
+        c = data[i]
+        if c == 0x22:  # '"': skip the string, escapes included
+            i += 1
+            while i < n and data[i] != 0x22:
+                i += 2 if data[i] == 0x5C else 1
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def load_document(data: str | bytes, document: str) -> Any:
+    """Parse one metadata document (``zarr.json``, ``.zarray``, ``.zattrs``, ``.zmetadata``).
+
+    Raises :class:`MetadataError` naming ``document`` for text that is not
+    JSON and for nesting deeper than :data:`MAX_JSON_DEPTH` (which would
+    otherwise end in Python's ``RecursionError``).
+    """
+    import json
+
+    try:
+        return json.loads(data)
+    except RecursionError:
+        pass
+    except ValueError as e:
+        raise MetadataError(f"{document}: not valid JSON: {e}") from None
+    raise MetadataError(f"{document}: JSON nested {json_depth(data)} levels deep, deeper than {MAX_JSON_DEPTH} "
+                        "levels a metadata document may have")
+
+
 # --------------------------------------------------------------------------- naming the bad field
 
 

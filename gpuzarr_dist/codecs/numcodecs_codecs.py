@@ -35,6 +35,8 @@ ARRAY_ARRAY_IDS = frozenset({"delta", "bitround", "fixedscaleoffset", "quantize"
 OBJECT_IDS = frozenset({"vlen-utf8", "vlen-bytes", "vlen-array", "json2", "msgpack2", "pickle"})
 #: numcodecs ids that are array -> bytes codecs
 ARRAY_BYTES_IDS = OBJECT_IDS | {"pcodec", "zfpy"}
+#: filters whose encoded layout follows from the decoded one (:meth:`NumcodecsArrayArray.resolve`)
+_LAYOUT_IDS = ARRAY_ARRAY_IDS | {"shuffle"}
 #: bytes -> bytes codecs whose encoded size follows from the decoded size: bytes they add
 _SIZE_ADDED = {"shuffle": 0, "crc32": 4, "crc32c": 4, "adler32": 4, "fletcher32": 4, "jenkins_lookup3": 4}
 
@@ -178,6 +180,11 @@ class NumcodecsArrayArray(_Wrapped, ArrayArrayCodec):
     """
 
     raw_input = True
+
+    @property
+    def sized(self) -> bool:
+        """Whether :meth:`resolve` knows the encoded layout (else the stored size is left to this codec's check)."""
+        return self.id in _LAYOUT_IDS
 
     def resolve(self, layout: ChunkLayout) -> ChunkLayout:
         impl = self.impl

@@ -59,9 +59,12 @@ class CodecPipeline:
         #: the last filter decodes the stored bytes itself (numcodecs filters): ``bytes`` hands it the raw buffer
         self._raw_filter = bool(self.array_array) and getattr(self.array_array[-1], "raw_input", False) \
             and self.array_bytes.name == "bytes"
+        #: the stored size of the raw buffer a numcodecs filter gets (``None``: its encoded size is not known)
+        self.expected_raw = layouts[-1].nbytes if self._raw_filter and self.array_array[-1].sized else None  # type: ignore[attr-defined]
         #: the decoded size each bytes->bytes codec must produce, where the chain says (``None`` where not)
         self.expected_sizes: list[int | None] = []
-        size: int | None = layouts[-1].nbytes if self.array_bytes.name == "bytes" else None
+        sized = not self._raw_filter or self.array_array[-1].sized  # type: ignore[attr-defined]
+        size: int | None = layouts[-1].nbytes if self.array_bytes.name == "bytes" and sized else None
         for c in self.bytes_bytes:
             self.expected_sizes.append(size)
             size = c.encoded_size(size) if size is not None else None
@@ -78,7 +81,7 @@ class CodecPipeline:
                 data = codec.decode_sized(data, expected)
             codec = self.array_bytes
             if self._raw_filter:  # numcodecs filters view the stored bytes as the type they encoded to
-                arr = _raw_bytes(data, self.layouts[-1].nbytes)
+                arr = _raw_bytes(data, self.expected_raw)
             else:
                 arr = codec.decode(data, self.layouts[-1])
             for codec, layout in zip(reversed(self.array_array), reversed(self.layouts[:-1])):
@@ -143,11 +146,11 @@ class CodecPipeline:
         return map_all(pool, self.encode_chunk, chunks, keys)
 
 
-def _raw_bytes(data: Any, expected: int) -> np.ndarray:
-    """``data`` as a flat uint8 array of ``expected`` bytes (else an error)."""
+def _raw_bytes(data: Any, expected: int | None) -> np.ndarray:
+    """``data`` as a flat uint8 array of ``expected`` bytes (else an error; ``None``: any size)."""
     buf = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
     buf = np.ascontiguousarray(buf).reshape(-1).view(np.uint8)
-    if buf.nbytes != expected:
+    if expected is not None and buf.nbytes != expected:
         raise ValueError(f"decoded to {buf.nbytes} bytes, expected {expected}")
     return buf
 

@@ -45,6 +45,8 @@ def get_codec(spec: CodecSpec, array: str) -> Codec:
     neither knows raises :class:`UnsupportedCodecError` listing the known ones.
     """
     cls = _REGISTRY.get(spec.name)
+    if cls is not None and spec.role == "filter" and cls.kind == "bytes_bytes":
+        cls = None  # a compressor among a Zarr v2 array's filters: numcodecs decodes it where it stands
     try:
         if cls is None:
             codec = numcodecs_codec(spec.name, dict(spec.configuration), spec.role)

@@ -191,6 +191,21 @@ def test_bomb_chunk_fails_without_allocating_its_claim(tmp_path, codec):
     assert peak < 32 << 20, f"peak {peak} bytes"  # numcodecs' own decoder would hold 256 MiB here
 
 
+def test_bomb_in_a_filter_fails_within_the_chunk_size(tmp_path):
+    path = str(tmp_path / "bombf.zarr")
+    _write(path, _data(), 2, filters=[numcodecs.BZ2()], compressors=None)
+    _replace_chunk(path, "0.0", bz2.compress(bytes(64 << 20), 9))
+    tracemalloc.start()
+    try:
+        with pytest.raises(gz.ChunkDecodeError) as info:
+            gz.from_zarr_gpu(path, device="cpu").compute(scheduler="sync")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert info.value.key == "0.0" and info.value.codec == "bz2" and "more than" in info.value.reason
+    assert peak < 16 << 20, f"peak {peak} bytes"
+
+
 @pytest.mark.parametrize("codec", ["bz2", "lzma", "fletcher32"])
 def test_short_or_corrupt_chunk_names_array_chunk_and_codec(tmp_path, codec):
     path = str(tmp_path / "short.zarr")

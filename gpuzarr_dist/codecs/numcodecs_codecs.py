@@ -11,9 +11,10 @@ GPU device an array using one decodes on the CPU and each block is copied up
 once (see :func:`gpuzarr_dist.cuda.decode.gpu_unsupported`).
 
 Output is bounded: a bytes -> bytes codec is told the decoded size the chain
-expects of it where that is known (:meth:`NumcodecsBytesBytes.decode_sized`);
-``bz2`` and ``lzma`` decompress incrementally and stop one byte past that
-size, the others are checked after decoding, before their output is used.
+expects of it where that is known (:meth:`NumcodecsBytesBytes.decode_sized`),
+and a filter decodes to its chunk layout's size; ``bz2`` and ``lzma``
+decompress incrementally and stop one byte past that size, the others are
+checked after decoding, before their output is used.
 """
 
 from __future__ import annotations
@@ -107,13 +108,8 @@ class NumcodecsBytesBytes(_Wrapped, BytesBytesCodec):
     def decode_sized(self, data: Any, expected: int | None) -> Any:
         """Decode one chunk's buffer; with ``expected``, a result of any other size is an error, and ``bz2`` and
         ``lzma`` stop decompressing one byte past it (no allocation beyond the chunk's size)."""
-        if expected is not None and self.id == "bz2":
-            out: Any = _bounded_streams(bz2.BZ2Decompressor, data, expected, OSError)
-        elif expected is not None and self.id == "lzma":
-            impl = self.impl
-            out = _bounded_streams(lambda: lzma.LZMADecompressor(format=impl.format, filters=impl.filters), data,
-                                   expected, lzma.LZMAError)
-        else:
+        out = _bounded(self.id, self.impl, data, expected) if expected is not None else None
+        if out is None:
             out = self.impl.decode(data)
         if expected is not None:
             n = memoryview(out).nbytes if not isinstance(out, np.ndarray) else out.nbytes
@@ -124,6 +120,17 @@ class NumcodecsBytesBytes(_Wrapped, BytesBytesCodec):
     def encode(self, data: Any) -> Any:
         out = self.impl.encode(data)
         return out.tobytes() if isinstance(out, np.ndarray) else out
+
+
+def _bounded(ident: str, impl: Any, data: Any, limit: int) -> bytes | None:
+    """``impl.decode(data)`` for ``bz2`` and ``lzma``, stopped one byte past ``limit`` (an error); ``None`` for
+    other codecs (decoded whole, then checked)."""
+    if ident == "bz2":
+        return _bounded_streams(bz2.BZ2Decompressor, data, limit, OSError)
+    if ident == "lzma":
+        return _bounded_streams(lambda: lzma.LZMADecompressor(format=impl.format, filters=impl.filters), data,
+                                limit, lzma.LZMAError)
+    return None
 
 
 def _bounded_streams(make: Any, data: Any, limit: int, error: type[Exception]) -> bytes:
@@ -199,7 +206,8 @@ class NumcodecsArrayArray(_Wrapped, ArrayArrayCodec):
     def decode(self, data: Any, layout: ChunkLayout) -> np.ndarray:
         if isinstance(data, np.ndarray) and not data.flags.c_contiguous:
             data = np.ascontiguousarray(data)
-        return _as_layout(self.impl.decode(data), layout)
+        out = _bounded(self.id, self.impl, data, layout.nbytes) if not layout.dtype.hasobject else None
+        return _as_layout(self.impl.decode(data) if out is None else out, layout)
 
     def encode(self, data: np.ndarray) -> np.ndarray:
         return ensure_ndarray(self.impl.encode(np.ascontiguousarray(data)))

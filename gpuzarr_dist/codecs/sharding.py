@@ -46,7 +46,7 @@ class ShardIndex:
         for codec in self.pipeline.bytes_bytes:
             if codec.name != "crc32c":
                 raise MetadataError(
-                    f"{spec.name}: zarr.json sharding index_codecs: only bytes and crc32c are supported, got {codec.name!r}"
+                    f"{spec.name}: zarr.json sharding index_codecs: {codec.name!r} is not supported by gpuzarr-dist (only bytes and crc32c are)"
                 )
             extra += 4
         self.array = spec.name

@@ -251,7 +251,7 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         mkey = "zarr.json"
         grid = meta.get("chunk_grid") or {}
         if grid.get("name") != "regular":
-            raise MetadataError(f"{name}: zarr.json field chunk_grid: only 'regular' grids are supported, got {grid.get('name')!r}")
+            raise MetadataError(f"{name}: zarr.json field chunk_grid {grid.get('name')!r} is not supported by gpuzarr-dist (only 'regular' grids are)")
         chunk_shape = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
         dtype = _native_dtype(metadata.data_type)
         enc = meta.get("chunk_key_encoding") or {}
@@ -268,7 +268,7 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
             codecs, chunk_shape, shard_shape, index_codecs, index_location, shard_transpose = _sharding(
                 codecs, chunk_shape, name)
         if meta.get("storage_transformers"):
-            raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported")
+            raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported by gpuzarr-dist")
     elif fmt == 2:
         shard_shape, index_codecs, index_location, shard_transpose = None, (), "end", None
         mkey = ".zarray"

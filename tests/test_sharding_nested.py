@@ -170,3 +170,32 @@ def test_deeply_nested_json_is_a_metadata_error_naming_the_document():
     with pytest.raises(gz.MetadataError, match="not valid JSON"):
         load_document("{", "a.zarr/.zattrs")
     assert load_document(b'{"a": ' + b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1) + b"}", "x") is not None
+
+
+# --------------------------------------------------------------------------- the GPU device
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("location", ["end", "start"])
+def test_transpose_before_sharding_on_gpu(tmp_path, location):
+    path = str(tmp_path / "t.zarr")
+    _transposed_sharded(path, location)
+    ref = zarr.open_array(path, mode="r")[...]
+    got = gz.from_zarr_gpu(path, device="gpu", chunks=(24, 12, 12)).compute()
+    np.testing.assert_array_equal(got.get(), ref)
+
+
+@pytest.mark.gpu
+def test_nested_sharding_on_gpu_decodes_on_host(tmp_path):
+    import warnings
+
+    path = str(tmp_path / "n.zarr")
+    zarr.create_array(path, shape=DATA.shape, chunks=(6, 6, 12), shards=(12, 12, 12), dtype="i4", zarr_format=3,
+                      fill_value=-7)
+    inner = ShardingCodec(chunk_shape=(3, 3, 4), codecs=[BytesCodec(), ZstdCodec()])
+    _edit(path, lambda doc: doc["codecs"][0]["configuration"].__setitem__("codecs", [inner.to_dict()]))
+    zarr.open_array(path, mode="r+")[:20, :25] = DATA[:20, :25]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the one "no GPU decoder" warning
+        got = gz.from_zarr_gpu(path, device="gpu").compute()
+    np.testing.assert_array_equal(got.get(), zarr.open_array(path, mode="r")[...])

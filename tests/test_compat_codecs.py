@@ -82,6 +82,20 @@ def test_v2_numcodecs_codecs_read_as_zarr_reads_them(tmp_path, case):
     _same_as_zarr(path, chunks=(20, 16))  # several chunks per block
 
 
+@pytest.mark.parametrize("case", ["shuffle-filter", "fixedscaleoffset", "quantize", "astype", "two-filters"])
+def test_v2_numcodecs_filters_on_big_endian_arrays(tmp_path, case):
+    path = str(tmp_path / "be.zarr")
+    kw = dict(V2_CASES[case])
+    if case == "fixedscaleoffset":
+        kw["filters"] = [numcodecs.FixedScaleOffset(offset=5, scale=10, dtype=">f4", astype="<i2")]
+    elif case == "quantize":
+        kw["filters"] = [numcodecs.Quantize(digits=2, dtype=">f4")]
+    elif case == "astype":
+        kw["filters"] = [numcodecs.AsType(encode_dtype=">f8", decode_dtype=">f4")]
+    _write(path, _data(">f4"), 2, **kw)
+    _same_as_zarr(path)
+
+
 def test_v2_packbits_and_categorize(tmp_path):
     path = str(tmp_path / "bits.zarr")
     z = zarr.create_array(path, shape=(53,), chunks=(10,), dtype=bool, zarr_format=2, filters=[numcodecs.PackBits()],

@@ -157,8 +157,12 @@ def _bounded_streams(make: Any, data: Any, limit: int, error: type[Exception]) -
     return b"".join(parts)
 
 
-def _as_layout(arr: Any, layout: ChunkLayout) -> np.ndarray:
-    """``arr`` (what a numcodecs decoder returned) as an array of ``layout``; any other size is an error."""
+def _as_layout(arr: Any, layout: ChunkLayout, order: str = "<") -> np.ndarray:
+    """``arr`` (what a numcodecs decoder returned) as an array of ``layout``; any other size is an error.
+
+    Raw bytes (a filter that keeps bytes as they are, such as ``shuffle``) are
+    read in the stored byte ``order`` (``"<"`` or ``">"``).
+    """
     arr = ensure_ndarray(arr) if not isinstance(arr, np.ndarray) else arr
     want = layout.dtype
     if arr.dtype != want:
@@ -171,7 +175,10 @@ def _as_layout(arr: Any, layout: ChunkLayout) -> np.ndarray:
             if arr.nbytes != layout.nbytes:
                 raise ValueError(f"decoded to {arr.nbytes} bytes, expected {layout.nbytes} for a chunk of shape "
                                  f"{layout.shape} and dtype {want}")
-            arr = arr.view(want)
+            stored = want.newbyteorder(order) if want.byteorder in "<>=" else want
+            arr = arr.view(stored)
+            if stored != want:
+                arr = arr.astype(want)
     if arr.size != math.prod(layout.shape):
         raise ValueError(f"decoded to {arr.size} elements, expected {math.prod(layout.shape)} for a chunk of "
                          f"shape {layout.shape}")
@@ -187,6 +194,11 @@ class NumcodecsArrayArray(_Wrapped, ArrayArrayCodec):
     """
 
     raw_input = True
+    #: the byte order of the stored elements (the ``bytes`` codec's), for filters that hand back raw bytes
+    byteorder = "<"
+    #: the codec decoded after this one is a numcodecs filter too: it gets this one's output as it is (as
+    #: zarr-python's Zarr v2 reader hands it on), only its size checked
+    pass_on = False
 
     @property
     def sized(self) -> bool:
@@ -207,7 +219,13 @@ class NumcodecsArrayArray(_Wrapped, ArrayArrayCodec):
         if isinstance(data, np.ndarray) and not data.flags.c_contiguous:
             data = np.ascontiguousarray(data)
         out = _bounded(self.id, self.impl, data, layout.nbytes) if not layout.dtype.hasobject else None
-        return _as_layout(self.impl.decode(data) if out is None else out, layout)
+        out = self.impl.decode(data) if out is None else out
+        if self.pass_on and not layout.dtype.hasobject:
+            arr = ensure_ndarray(out)
+            if arr.nbytes != layout.nbytes:
+                raise ValueError(f"decoded to {arr.nbytes} bytes, expected {layout.nbytes}")
+            return arr
+        return _as_layout(out, layout, self.byteorder)
 
     def encode(self, data: np.ndarray) -> np.ndarray:
         return ensure_ndarray(self.impl.encode(np.ascontiguousarray(data)))

@@ -59,6 +59,11 @@ class CodecPipeline:
         #: the last filter decodes the stored bytes itself (numcodecs filters): ``bytes`` hands it the raw buffer
         self._raw_filter = bool(self.array_array) and getattr(self.array_array[-1], "raw_input", False) \
             and self.array_bytes.name == "bytes"
+        endian = getattr(self.array_bytes, "endian", None)
+        for i, c in enumerate(self.array_array):  # numcodecs filters handing back raw bytes: in the stored order
+            if getattr(c, "raw_input", False):
+                c.byteorder = ">" if endian == "big" else "<"  # type: ignore[attr-defined]
+                c.pass_on = i > 0 and getattr(self.array_array[i - 1], "raw_input", False)  # type: ignore[attr-defined]
         #: the stored size of the raw buffer a numcodecs filter gets (``None``: its encoded size is not known)
         self.expected_raw = layouts[-1].nbytes if self._raw_filter and self.array_array[-1].sized else None  # type: ignore[attr-defined]
         #: the decoded size each bytes->bytes codec must produce, where the chain says (``None`` where not)

@@ -89,3 +89,19 @@ class GpuOutOfMemoryError(GpuZarrError, MemoryError):
     def __init__(self, array: str, message: str):
         self.array = array
         super().__init__(message)
+
+
+class UnsupportedDtypeError(GpuZarrError, TypeError):
+    """A data type the chosen device cannot hold (strings, bytes, structured or object arrays on the GPU).
+
+    Raised when the graph is built; the message names the array and the data
+    type and says to read it with ``device="cpu"``.
+    """
+
+    def __init__(self, array: str, dtype: object, device: str = "gpu"):
+        self.array = array
+        self.dtype = dtype
+        super().__init__(
+            f"{array}: data type {dtype} cannot be read on the {device.upper()} device (CuPy holds only numbers "
+            f"and bools); open it with device=\"cpu\""
+        )

@@ -21,7 +21,7 @@ import numpy as np
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
-from gpuzarr_dist.errors import GpuOutOfMemoryError
+from gpuzarr_dist.errors import GpuOutOfMemoryError, UnsupportedDtypeError
 from gpuzarr_dist.runtime.threads import decode_pool
 from gpuzarr_dist.stores.base import ChunkStore
 
@@ -42,6 +42,8 @@ class BlockReader:
         #: and the decoded chunks held at once; the Cubed variant sets it from its memory budget.
         self.decode_bytes = decode_bytes
         self._pipeline: CodecPipeline | None = None
+        if device == "gpu" and not spec.numeric:  # when the graph is built, not when a task runs
+            raise UnsupportedDtypeError(spec.name, spec.dtype)
         CodecPipeline(spec)  # fail early, in the client, on codecs we cannot decode
 
     # -- array-like surface used by dask.array.from_array ------------------------

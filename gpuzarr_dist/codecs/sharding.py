@@ -26,10 +26,13 @@ class ShardIndex:
 
     def __init__(self, spec: ArraySpec):
         per = spec.chunks_per_shard
+        #: the index lies in the C order of the transposed shard's grid where a transpose precedes the sharding
+        self.order = spec.shard_transpose
+        self.grid = tuple(per[o] for o in self.order) if self.order else per
         index_spec = ArraySpec(
             name=f"{spec.name} (shard index)",
-            shape=(*per, 2),
-            chunk_shape=(*per, 2),
+            shape=(*self.grid, 2),
+            chunk_shape=(*self.grid, 2),
             dtype=np.dtype("uint64"),
             fill_value=np.uint64(0),
             zarr_format=3,
@@ -43,7 +46,7 @@ class ShardIndex:
         for codec in self.pipeline.bytes_bytes:
             if codec.name != "crc32c":
                 raise MetadataError(
-                    f"{spec.name}: zarr.json sharding index_codecs: only bytes and crc32c are supported, got {codec.name!r}"
+                    f"{spec.name}: zarr.json sharding index_codecs: {codec.name!r} is not supported by gpuzarr-dist (only bytes and crc32c are)"
                 )
             extra += 4
         self.array = spec.name
@@ -60,7 +63,7 @@ class ShardIndex:
         view = memoryview(raw).cast("B")
         if len(view) != self.nbytes:
             raise ChunkDecodeError(self.array, key, f"shard index is truncated: {len(view)} of its {self.nbytes} bytes")
-        index = self.pipeline.decode_chunk(view, f"{key} (index)").reshape(self.count, 2)
+        index = self._to_array_order(self.pipeline.decode_chunk(view, f"{key} (index)").reshape(self.count, 2))
         missing = (index[:, 0] == MISSING) & (index[:, 1] == MISSING)
         present = ~missing
         if (index[present] >= np.uint64(2**62)).any():
@@ -99,6 +102,8 @@ class ShardIndex:
                     self.decode(raws[present[j]], keys[present[j]])  # raises: checksum
             end -= 4
         index = block[:, : self.count * 16].copy().view(dtype).reshape(len(present), self.count, 2).astype(np.uint64)
+        if self.order:
+            index = np.stack([self._to_array_order(ix) for ix in index]) if len(index) else index
         missing = (index[..., 0] == MISSING) & (index[..., 1] == MISSING)
         far = ((index >= np.uint64(2**62)) & ~missing[..., None]).any(axis=(1, 2))
         for j in np.flatnonzero(far).tolist():
@@ -108,6 +113,14 @@ class ShardIndex:
         for j, i in enumerate(present):
             out[i] = rows[j]
         return out
+
+    def _to_array_order(self, index: np.ndarray) -> np.ndarray:
+        """``(count, 2)`` index rows in the transposed grid's C order -> in the array grid's C order."""
+        if not self.order:
+            return index
+        nd = len(self.order)
+        back = [int(a) for a in np.argsort(self.order)]
+        return np.ascontiguousarray(index.reshape(*self.grid, 2).transpose(*back, nd)).reshape(self.count, 2)
 
     def _plain(self) -> tuple[str, int] | None:
         """``(uint64 dtype string, number of crc32c layers)`` where the index codecs are ``bytes`` and crc32c
@@ -140,6 +153,15 @@ class ShardIndex:
             raise ChunkDecodeError(self.array, key, "shard index points past the end of the shard")
         return out
 
+    def grid_of_array(self) -> tuple[int, ...]:
+        """The shard's grid of inner chunks in the array's own axes."""
+        if not self.order:
+            return self.grid
+        out = [0] * len(self.grid)
+        for k, o in enumerate(self.order):
+            out[o] = self.grid[k]
+        return tuple(out)
+
     # -- the write side ------------------------------------------------------------
     def build(self, chunks: list[Any], key: str) -> bytes:
         """One shard's stored bytes: the encoded inner chunks (C order of their grid positions,
@@ -167,6 +189,8 @@ class ShardIndex:
             ends = np.cumsum(sizes, dtype=np.uint64) + np.uint64(0 if self.at_end else self.nbytes)
             index[present, 0] = ends - sizes
             index[present, 1] = sizes
+        if self.order:  # stored in the transposed grid's order
+            index = np.ascontiguousarray(index.reshape(*self.grid_of_array(), 2).transpose(*self.order, len(self.order)))
         encoded = self.pipeline.encode_chunk(index.reshape(self.pipeline.layouts[0].shape), f"{key} (index)")
         if len(encoded) != self.nbytes:  # pragma: no cover - bytes + crc32c only, so the size is fixed
             raise ValueError(f"{self.array}: shard index of {key!r} encoded to {len(encoded)} bytes, not {self.nbytes}")

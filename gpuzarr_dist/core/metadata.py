@@ -27,6 +27,8 @@ class CodecSpec:
 
     name: str
     configuration: dict = field(default_factory=dict, hash=False, compare=True)
+    #: in a Zarr v2 chain: ``"filter"`` or ``"compressor"`` (decides the kind of a codec only numcodecs knows)
+    role: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,14 @@ class ArraySpec:
     shard_shape: tuple[int, ...] | None = None
     shard_index_codecs: tuple[CodecSpec, ...] = ()
     shard_index_location: str = "end"
+    #: for sharded arrays whose shard is transposed before ``sharding_indexed``: that order (the shard index
+    #: lies in the transposed grid's C order; ``chunk_shape`` and chunk keys are in the array's own axes)
+    shard_transpose: tuple[int, ...] | None = None
+
+    @property
+    def numeric(self) -> bool:
+        """Whether the data type is a fixed-size number or bool (what the GPU device reads)."""
+        return is_numeric(self.dtype)
 
     @property
     def read_unit(self) -> tuple[int, ...]:
@@ -167,21 +177,48 @@ def _v2_codecs(meta: dict, dtype: np.dtype, ndim: int, name: str) -> tuple[Codec
         if not isinstance(f, dict) or "id" not in f:
             raise MetadataError(f"{name}: .zarray field filters[{i}] is not a codec object: {f!r}")
         f = dict(f)
-        chain.append(CodecSpec(str(f.pop("id")), f))
-    endian = {">": "big", "<": "little"}.get(dtype.byteorder, "little")
-    chain.append(CodecSpec("bytes", {"endian": endian}))
+        chain.append(CodecSpec(str(f.pop("id")), f, "filter"))
+    if dtype.hasobject:  # an object codec among the filters turns the array into bytes: no ``bytes`` codec
+        if not any(c.name in _OBJECT_CODECS for c in chain):
+            raise MetadataError(f"{name}: .zarray field 'filters': an object array needs an object codec "
+                                f"({', '.join(sorted(_OBJECT_CODECS))}), got {[c.name for c in chain]}")
+    else:
+        endian = {">": "big", "<": "little"}.get(dtype.byteorder, "little")
+        chain.append(CodecSpec("bytes", {"endian": endian}))
     comp = meta.get("compressor")
     if comp is not None:
         if not isinstance(comp, dict) or "id" not in comp:
             raise MetadataError(f"{name}: .zarray field 'compressor' is not a codec object: {comp!r}")
         comp = dict(comp)
-        chain.append(CodecSpec(str(comp.pop("id")), comp))
+        chain.append(CodecSpec(str(comp.pop("id")), comp, "compressor"))
     return tuple(chain)
+
+
+#: numcodecs' object codecs (the array -> bytes codec of a Zarr v2 object array)
+_OBJECT_CODECS = frozenset({"vlen-utf8", "vlen-bytes", "vlen-array", "json2", "msgpack2", "pickle"})
+
+
+def is_numeric(dtype: np.dtype) -> bool:
+    """A fixed-size number or bool: what the GPU device and its kernels read."""
+    return dtype.kind in "biufc" and not dtype.hasobject
+
+
+def _supported_dtype(dtype: np.dtype) -> bool:
+    """Numbers and bools, fixed-length strings and bytes, structured types without objects, objects, and
+    numpy's variable-length strings: what the CPU device reads."""
+    if dtype.kind == "V":
+        return not dtype.hasobject
+    return dtype.kind in "biufcmMUSOT"
 
 
 def _native_dtype(zdtype: Any) -> np.dtype:
     to_native = getattr(zdtype, "to_native_dtype", None)
     return np.dtype(to_native() if to_native else zdtype)
+
+
+def _native_order(dtype: np.dtype) -> np.dtype:
+    """``dtype`` in the machine's byte order (types without one, such as numpy's variable-length strings, as they are)."""
+    return dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype
 
 
 def _fill_value(raw: Any, dtype: np.dtype) -> Any:
@@ -214,7 +251,7 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         mkey = "zarr.json"
         grid = meta.get("chunk_grid") or {}
         if grid.get("name") != "regular":
-            raise MetadataError(f"{name}: zarr.json field chunk_grid: only 'regular' grids are supported, got {grid.get('name')!r}")
+            raise MetadataError(f"{name}: zarr.json field chunk_grid {grid.get('name')!r} is not supported by gpuzarr-dist (only 'regular' grids are)")
         chunk_shape = tuple(int(c) for c in grid["configuration"]["chunk_shape"])
         dtype = _native_dtype(metadata.data_type)
         enc = meta.get("chunk_key_encoding") or {}
@@ -226,29 +263,14 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         else:
             raise MetadataError(f"{name}: zarr.json field chunk_key_encoding: unknown encoding {enc.get('name')!r}")
         codecs = _v3_codecs(meta, name)
-        shard_shape, index_codecs, index_location = None, (), "end"
+        shard_shape, index_codecs, index_location, shard_transpose = None, (), "end", None
         if any(c.name == "sharding_indexed" for c in codecs):
-            if len(codecs) != 1:
-                raise MetadataError(f"{name}: zarr.json codecs: sharding_indexed must be the only codec here, got {[c.name for c in codecs]}")
-            cfg = codecs[0].configuration
-            try:
-                inner = tuple(int(c) for c in cfg["chunk_shape"])
-                codecs = _v3_codecs({"codecs": cfg["codecs"]}, name)
-                index_codecs = _v3_codecs({"codecs": cfg.get("index_codecs") or [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}, name)
-                index_location = cfg.get("index_location", "end")
-            except (KeyError, TypeError, ValueError) as e:
-                raise MetadataError(f"{name}: zarr.json field codecs[0] (sharding_indexed) configuration is invalid: {e}") from e
-            if index_location not in ("start", "end"):
-                raise MetadataError(f"{name}: zarr.json sharding index_location must be 'start' or 'end', got {index_location!r}")
-            if any(c.name == "sharding_indexed" for c in codecs):
-                raise MetadataError(f"{name}: zarr.json: nested sharding is not supported")
-            if len(inner) != len(chunk_shape) or any(i <= 0 or s % i for s, i in zip(chunk_shape, inner)):
-                raise MetadataError(f"{name}: zarr.json: inner chunk shape {inner} does not divide the shard shape {chunk_shape}")
-            shard_shape, chunk_shape = chunk_shape, inner
+            codecs, chunk_shape, shard_shape, index_codecs, index_location, shard_transpose = _sharding(
+                codecs, chunk_shape, name)
         if meta.get("storage_transformers"):
-            raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported")
+            raise MetadataError(f"{name}: zarr.json field storage_transformers is not supported by gpuzarr-dist")
     elif fmt == 2:
-        shard_shape, index_codecs, index_location = None, (), "end"
+        shard_shape, index_codecs, index_location, shard_transpose = None, (), "end", None
         mkey = ".zarray"
         chunk_shape = tuple(int(c) for c in meta["chunks"])
         dtype = _native_dtype(metadata.dtype)
@@ -259,8 +281,8 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         raise MetadataError(f"{name}: unsupported zarr_format {fmt!r}")
     if sep not in (".", "/"):  # zarr-python checks this too; keys become paths, so check again here
         raise MetadataError(f"{name}: {mkey} chunk key separator must be '.' or '/', got {sep!r}")
-    if dtype.hasobject or dtype.kind in "OUSV":
-        raise MetadataError(f"{name}: {mkey} field data type {dtype}: only fixed-size numeric and bool arrays are supported")
+    if not _supported_dtype(dtype):
+        raise MetadataError(f"{name}: {mkey} field data type {dtype} is not supported by gpuzarr-dist")
     if len(chunk_shape) != len(shape) or any(c <= 0 for c in chunk_shape):
         field_name = "chunks" if fmt == 2 else "chunk_grid.configuration.chunk_shape"
         raise MetadataError(f"{name}: {mkey} field {field_name!r}: chunk shape {chunk_shape} does not fit array shape {shape}")
@@ -273,8 +295,8 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         name=name,
         shape=shape,
         chunk_shape=chunk_shape,
-        dtype=dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype,
-        fill_value=_fill_value(metadata.fill_value, dtype.newbyteorder("=")),
+        dtype=_native_order(dtype),
+        fill_value=_fill_value(metadata.fill_value, _native_order(dtype)),
         zarr_format=fmt,
         codecs=codecs,
         key_prefix=prefix,
@@ -283,7 +305,103 @@ def _spec_from_zarr_metadata(metadata: Any, name: str) -> ArraySpec:
         shard_shape=shard_shape,
         shard_index_codecs=index_codecs,
         shard_index_location=index_location,
+        shard_transpose=shard_transpose,
     )
+
+
+def _sharding(codecs: tuple[CodecSpec, ...], shard_shape: tuple[int, ...], name: str) -> tuple:
+    """The sharded layout of a ``zarr.json`` codec chain holding ``sharding_indexed``: ``(inner codecs, inner
+    chunk shape, shard shape, index codecs, index location, transpose order or None)``.
+
+    Transposes before ``sharding_indexed`` are supported (the inner chunks then
+    lie in the transposed shard's grid: their shape and keys are turned back to
+    the array's axes here, the inner codecs start with that transpose, and the
+    index is read in the transposed grid's order). Anything else around it
+    raises :class:`MetadataError` saying it is not supported by gpuzarr-dist.
+    """
+    where = [i for i, c in enumerate(codecs) if c.name == "sharding_indexed"]
+    pos = where[0]
+    before, after = codecs[:pos], codecs[pos + 1 :]
+    if len(where) > 1 or after or any(c.name != "transpose" for c in before):
+        raise MetadataError(
+            f"{name}: zarr.json codecs {[c.name for c in codecs]}: codecs other than transpose around "
+            f"sharding_indexed are not supported by gpuzarr-dist (nested sharding goes inside its 'codecs')"
+        )
+    order: tuple[int, ...] = tuple(range(len(shard_shape)))
+    for t in before:  # each transpose reorders what the previous one produced
+        try:
+            step = tuple(int(o) for o in t.configuration["order"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise MetadataError(f"{name}: zarr.json transpose codec configuration is invalid: {e}") from e
+        if sorted(step) != list(range(len(shard_shape))):
+            raise MetadataError(f"{name}: zarr.json transpose order {list(step)} is not a permutation of "
+                                f"{len(shard_shape)} axes")
+        order = tuple(order[o] for o in step)
+    cfg = codecs[pos].configuration
+    try:
+        inner_t = tuple(int(c) for c in cfg["chunk_shape"])
+        inner_codecs = _v3_codecs({"codecs": cfg["codecs"]}, name)
+        index_codecs = _v3_codecs({"codecs": cfg.get("index_codecs") or [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}, name)
+        index_location = cfg.get("index_location", "end")
+    except (KeyError, TypeError, ValueError) as e:
+        raise MetadataError(f"{name}: zarr.json field codecs[{pos}] (sharding_indexed) configuration is invalid: {e}") from e
+    if index_location not in ("start", "end"):
+        raise MetadataError(f"{name}: zarr.json sharding index_location must be 'start' or 'end', got {index_location!r}")
+    shard_t = tuple(shard_shape[o] for o in order)
+    if len(inner_t) != len(shard_t) or any(i <= 0 or s % i for s, i in zip(shard_t, inner_t)):
+        raise MetadataError(f"{name}: zarr.json: inner chunk shape {inner_t} does not divide the shard shape {shard_t}")
+    transposed = order != tuple(range(len(order)))
+    inner = list(inner_t)
+    for k, o in enumerate(order):  # axis k of the transposed shard is axis order[k] of the array
+        inner[o] = inner_t[k]
+    if transposed:
+        inner_codecs = (CodecSpec("transpose", {"order": list(order)}), *inner_codecs)
+    return inner_codecs, tuple(inner), shard_shape, index_codecs, index_location, (order if transposed else None)
+
+
+# --------------------------------------------------------------------------- reading a document
+
+#: the deepest nesting of arrays and objects a metadata document may have
+MAX_JSON_DEPTH = 256
+
+
+def json_depth(text: str | bytes) -> int:
+    """The deepest nesting of ``[``/``{`` in a JSON text, brackets inside strings aside; no recursion."""
+    data = text.encode() if isinstance(text, str) else bytes(text)
+    depth = deepest = 0
+    i, n = 0, len(data)
+    while i < n:
+        c = data[i]
+        if c == 0x22:  # '"': skip the string, escapes included
+            i += 1
+            while i < n and data[i] != 0x22:
+                i += 2 if data[i] == 0x5C else 1
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+        i += 1
+    return deepest
+
+
+def load_document(data: str | bytes, document: str) -> Any:
+    """Parse one metadata document (``zarr.json``, ``.zarray``, ``.zattrs``, ``.zmetadata``).
+
+    Raises :class:`MetadataError` naming ``document`` for text that is not
+    JSON and for nesting deeper than :data:`MAX_JSON_DEPTH` (which would
+    otherwise end in Python's ``RecursionError``).
+    """
+    import json
+
+    try:
+        return json.loads(data)
+    except RecursionError:
+        pass
+    except ValueError as e:
+        raise MetadataError(f"{document}: not valid JSON: {e}") from None
+    raise MetadataError(f"{document}: JSON nested {json_depth(data)} levels deep, deeper than {MAX_JSON_DEPTH} "
+                        "levels a metadata document may have")
 
 
 # --------------------------------------------------------------------------- naming the bad field

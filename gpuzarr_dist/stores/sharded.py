@@ -270,6 +270,7 @@ class ShardedChunkStore(ChunkStore):
                 table[j] = ix
         rows = table[which, inner] if n else np.empty((0, 2), dtype=np.int64)
         offs, sizes = rows[:, 0], np.where(rows[:, 0] < 0, -1, rows[:, 1])
+        self._check_entries(keys, shards, which, offs, sizes, whole)  # before any buffer of their size exists
         pad = (-lead) % align
         slots = np.where(sizes < 0, 0, (pad + sizes + align - 1) // align * align)
         ends = np.cumsum(slots)
@@ -295,6 +296,56 @@ class ShardedChunkStore(ChunkStore):
         self._check_reads(keys, reads, got, dests, sizes)
         timed("range checks")
         return buf, dests.tolist(), sizes.tolist()
+
+    #: where a store cannot tell an object's size up front: the most bytes an inner chunk of a numeric array
+    #: may be stored in, as a multiple of its decoded bytes plus a constant (compressors add a few bytes at worst)
+    STORED_FACTOR = 2
+    STORED_EXTRA = 1 << 16
+
+    def _check_entries(self, keys: Sequence[str], shards: list[str], which: np.ndarray, offs: np.ndarray,
+                       sizes: np.ndarray, whole: dict) -> None:
+        """Refuse index entries no shard object can hold, before a staging buffer is sized from them.
+
+        Each entry must end inside its shard object: the object's size comes
+        from the read itself for shards read whole, from the file for local
+        stores (:meth:`size_or_missing`). Where the size is not known up front
+        (object stores' range reads), an inner chunk of a numeric array may be
+        at most :attr:`STORED_FACTOR` times its decoded bytes plus
+        :attr:`STORED_EXTRA` bytes. Raises :class:`ChunkDecodeError` naming the
+        array, the inner chunk and the shard.
+        """
+        rows = np.flatnonzero(sizes >= 0)
+        if not len(rows):
+            return
+        sizer = getattr(self.base, "size_or_missing", None)
+        limits = np.full(len(shards), -1, dtype=np.int64)  # -1: not known
+        for j, s in enumerate(shards):
+            if s in whole:
+                view = whole[s][1]
+                limits[j] = 0 if view is None else len(view)
+            elif sizer is not None:
+                limits[j] = sizer(s)
+        lim = limits[which[rows]]
+        ends = offs[rows] + sizes[rows]  # both below 2**62 (checked when the index is decoded): no overflow
+        bad = np.flatnonzero((lim >= 0) & (ends > lim))
+        if len(bad):
+            i = int(rows[bad[0]])
+            raise ChunkDecodeError(
+                self.array, keys[i],
+                f"shard index of {shards[which[i]]!r} points past the end of the shard object (bytes "
+                f"{int(offs[i])}-{int(offs[i] + sizes[i]) - 1} asked for, the object holds {int(limits[which[i]])})",
+            )
+        if not self.spec.numeric:
+            return
+        cap = self.spec.chunk_nbytes * self.STORED_FACTOR + self.STORED_EXTRA
+        big = np.flatnonzero((lim < 0) & (sizes[rows] > cap))
+        if len(big):
+            i = int(rows[big[0]])
+            raise ChunkDecodeError(
+                self.array, keys[i],
+                f"shard index of {shards[which[i]]!r} gives this inner chunk {int(sizes[i])} stored bytes, more "
+                f"than any codec makes of its {self.spec.chunk_nbytes} decoded bytes (at most {cap})",
+            )
 
     def _read_whole_shards(self, shards: list[str], which: np.ndarray, inner: np.ndarray,
                            keys: Sequence[str]) -> dict[str, tuple[np.ndarray | None, Any]]:

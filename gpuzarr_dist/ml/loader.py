@@ -16,6 +16,7 @@ See ``docs/training.md`` for the design and the ordering rules on the GPU.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 import threading
@@ -326,22 +327,34 @@ def _shape_and_dims(source: Any, component: str | None, storage_options: dict | 
     """An array's shape and dimension names (Zarr v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``), or None."""
     import zarr
 
+    if isinstance(source, (zarr.Array, zarr.Group)):
+        arr = source if isinstance(source, zarr.Array) else (source[component] if component else source)
+        if not isinstance(arr, zarr.Array):
+            raise ValueError(f"{name} is a Zarr group; pass variables= naming its arrays: {sorted(k for k, _ in arr.arrays())}")
+        dims = getattr(arr.metadata, "dimension_names", None) or arr.attrs.get("_ARRAY_DIMENSIONS")
+        return tuple(int(s) for s in arr.shape), _names(dims)
+    from gpuzarr_dist.stores.source import open_source
+
+    store, spec = open_source(source, component, storage_options)
+    base = getattr(store, "base", store)  # a sharded array's store of whole objects
+    dims = None
     try:
-        if isinstance(source, zarr.Array):
-            arr = source
-        elif isinstance(source, zarr.Group):
-            arr = source[component] if component else source
-        else:
-            kwargs = {"storage_options": storage_options} if storage_options else {}
-            arr = zarr.open(store=source, path=component or "", mode="r", **kwargs)
-    except (FileNotFoundError, KeyError) as e:
-        raise FileNotFoundError(f"{name}: no Zarr array there ({type(e).__name__}: {e})") from e
-    if not isinstance(arr, zarr.Array):
-        members = sorted(k for k, _ in arr.arrays()) if isinstance(arr, zarr.Group) else []
-        raise ValueError(f"{name} is a Zarr group; pass variables= naming its arrays: {members}")
-    dims = getattr(arr.metadata, "dimension_names", None) or arr.attrs.get("_ARRAY_DIMENSIONS")
-    dims = tuple(str(d) for d in dims) if dims and all(d is not None for d in dims) else None
-    return tuple(int(s) for s in arr.shape), dims
+        docs = base.read_many([spec.metadata_key] + ([".zattrs"] if spec.zarr_format == 2 else []))
+    except Exception:  # noqa: BLE001 - no names readable: windows are then given as tuples
+        docs = []
+    for doc in docs:
+        if doc is None:
+            continue
+        try:
+            meta = json.loads(bytes(doc))
+        except ValueError:
+            continue
+        dims = dims or meta.get("dimension_names") or meta.get("_ARRAY_DIMENSIONS")
+    return tuple(int(s) for s in spec.shape), _names(dims)
+
+
+def _names(dims: Any) -> tuple[str, ...] | None:
+    return tuple(str(d) for d in dims) if dims and all(d is not None for d in dims) else None
 
 
 def _per_axis(value: Any, dims: tuple[str, ...] | None, shape: tuple[int, ...], what: str, name: str,

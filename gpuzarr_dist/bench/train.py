@@ -266,6 +266,9 @@ def _torch_device() -> Any:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
+_DATALOADERS: dict[str, Any] = {}
+
+
 def run_row(kind: str, mode: str, cfg: dict, rank: int = 0, world: int = 1) -> dict[str, Any]:
     """One row: ``kind`` in ours / zarr-python / tensorstore, ``mode`` "alone" or "train"."""
     device = cfg["device"]
@@ -278,9 +281,11 @@ def run_row(kind: str, mode: str, cfg: dict, rank: int = 0, world: int = 1) -> d
                             batch_size=B, seed=0, rank=rank, world_size=world, prefetch=cfg["prefetch"], device=device,
                             output=output)
         batches = endless(loader, True)
-    else:
-        dataset = (ZarrPythonDataset if kind == "zarr-python" else TensorstoreDataset)(cfg["path"], names, lat, cfg["steps"])
-        loader = torch_loader(dataset, B, cfg["workers"], seed=rank)
+    else:  # one DataLoader per tool, its worker processes kept from row to row
+        loader = _DATALOADERS.get(kind)
+        if loader is None:
+            dataset = (ZarrPythonDataset if kind == "zarr-python" else TensorstoreDataset)(cfg["path"], names, lat, cfg["steps"])
+            loader = _DATALOADERS[kind] = torch_loader(dataset, B, cfg["workers"], seed=rank)
         batches = endless(loader, False)
     tdev = _torch_device() if cfg["torch"] else None
     gpu = tdev is not None and tdev.type == "cuda"
@@ -331,6 +336,7 @@ def _ddp_worker(rank: int, world: int, cfg: dict, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
+    torch.backends.cudnn.benchmark = True
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     try:
         res = run_row("ours", "train", cfg, rank, world)
@@ -401,10 +407,12 @@ def run(args: Any) -> int:
     sample_bytes = channels * 2 * lat * nlon * 4
     print(f"group of {channels} variables (time={steps}, {nlat}, {nlon}) float32 zstd, one chunk per step "
           f"({time.perf_counter() - t0:.1f} s to make or find); samples ({channels}, 2, {lat}, {nlon}), "
-          f"{sample_bytes / 1e6:.1f} MB; batch {cfg['batch']}")
+          f"{sample_bytes / 1e6:.2f} MB; batch {cfg['batch']}")
     print(f"device: {device} ({gpu_status()[1]}); torch: {torch.__version__ if have_torch else 'not installed'}; "
           f"{cfg['workers']} DataLoader workers; {platform.node()}")
 
+    if cuda:
+        torch.backends.cudnn.benchmark = True  # one input shape throughout
     rows: list[Row] = []
     results: dict[tuple[str, str], dict] = {}
     labels = {"ours": OURS, "zarr-python": "(b) DataLoader + zarr-python", "tensorstore": "(c) DataLoader + tensorstore"}
@@ -426,6 +434,7 @@ def run(args: Any) -> int:
             res = run_row(kind, mode, cfg)
             results[(kind, mode)] = res
             rows.append(_row(name, res, cfg["batch"], sample_bytes, mode))
+    _DATALOADERS.clear()  # their worker processes end
     gpus = torch.cuda.device_count() if cuda else 0
     if cuda and not quick and gpus >= 2 and not getattr(args, "no_ddp", False):
         res = run_ddp_rows(cfg, 2)

@@ -60,7 +60,7 @@ class BatchSlots:
         self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
         self._buffers: list[Any] = []  # slot -> its cupy uint8 buffer, kept while the slots live
         self._free: deque[tuple[int, Any]] = deque()  # (slot, event the last reader's stream recorded, or None)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a batch dropped by a collection inside take() releases re-entrantly
         self._error: BaseException | None = None
         self._closed = False
 

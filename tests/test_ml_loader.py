@@ -109,9 +109,22 @@ def test_ranks_padded_without_drop_last(group):
     assert len(sizes) == len(loaders[0]) and sum(sizes) == len(shares[0])
 
 
-def test_rank_defaults_and_bad_ranks(group):
+def test_rank_defaults_and_bad_ranks(group, monkeypatch):
+    import sys
+    import types
+
     ld = ZarrLoader(group, variables=["t2m"], window={"lat": 3}, device="cpu", output="numpy")
     assert (ld.rank, ld.world_size) == (0, 1)
+    # an initialised torch.distributed gives the defaults (a stand-in module: torch is optional)
+    fake = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_rank=lambda: 2,
+                                 get_world_size=lambda: 3)
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake)
+    ld = ZarrLoader(group, variables=["t2m"], window={"lat": 3}, device="cpu", output="numpy")
+    assert (ld.rank, ld.world_size) == (2, 3)
+    assert ZarrLoader(group, variables=["t2m"], window={"lat": 3}, rank=0, world_size=1, device="cpu",
+                      output="numpy").world_size == 1  # given ones win
+    fake.is_initialized = lambda: False
+    assert ZarrLoader(group, variables=["t2m"], window={"lat": 3}, device="cpu", output="numpy").world_size == 1
     with pytest.raises(ValueError, match="rank"):
         ZarrLoader(group, variables=["t2m"], window={"lat": 3}, rank=2, world_size=2, device="cpu", output="numpy")
 

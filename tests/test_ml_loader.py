@@ -356,3 +356,22 @@ def test_gpu_numpy_output_and_cpu_device_cupy_output(group):
     assert all(isinstance(x, np.ndarray) for x in a) and all(isinstance(x, cupy.ndarray) for x in b)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, cupy.asnumpy(y))
+
+
+@pytest.mark.gpu
+def test_gpu_bare_array_cupy(tmp_path):
+    import cupy
+
+    data = np.arange(6 * 30 * 20, dtype="int16").reshape(6, 30, 20)
+    path = str(tmp_path / "a.zarr")
+    zarr.create_array(path, data=data, chunks=(2, 9, 7))
+    loader = ZarrLoader(path, window=(2, 10, 10), stride=(1, 4, 4), batch_size=3, device="gpu", output="cupy")
+    starts = loader.epoch_starts()
+    z = zarr.open_array(path, mode="r")
+    for i, batch in enumerate(loader):
+        assert isinstance(batch, cupy.ndarray) and batch.shape == (3, 2, 10, 10) and batch.dtype == np.int16
+        host = cupy.asnumpy(batch)  # on CuPy's current stream, which waited for the batch
+        for j, w in enumerate(host):
+            t, y, x = starts[i * 3 + j]
+            np.testing.assert_array_equal(w, z[t:t + 2, y:y + 10, x:x + 10])
+    loader.close()

@@ -375,3 +375,16 @@ def test_gpu_bare_array_cupy(tmp_path):
             t, y, x = starts[i * 3 + j]
             np.testing.assert_array_equal(w, z[t:t + 2, y:y + 10, x:x + 10])
     loader.close()
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_shares_equal_torch_distributed_sampler(group, drop_last):
+    """Unshuffled, each rank's share is the one torch's DistributedSampler gives (the reference)."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    for world in (2, 3, 5):
+        for rank in range(world):
+            ld = ZarrLoader(group, variables=["t2m"], window={"lat": 3, "lon": 3}, shuffle=False, drop_last=drop_last,
+                            rank=rank, world_size=world, device="cpu", output="numpy")
+            ref = torch_data.DistributedSampler(range(ld.num_windows), num_replicas=world, rank=rank, shuffle=False,
+                                                drop_last=drop_last)
+            assert ld.epoch_indices().tolist() == list(ref)

@@ -160,6 +160,21 @@ def build_parser() -> argparse.ArgumentParser:
     cub.add_argument("--no-progress", action="store_true", help="no progress bars")
     cub.add_argument("--rows", metavar="ROWS", help="comma-separated rows to run (default: all): ours-cubed, "
                      "ours-dask, cubed-cpu")
+    tr = bench_sub.add_parser("train", help="a U-Net fed by ZarrLoader vs torch DataLoader over zarr-python and "
+                              "tensorstore: samples/s and GPU busy, loaders alone, 1 and 2 GPUs (DDP)")
+    tr.add_argument("--quick", action="store_true", help="a tiny CPU version of the loaders alone (seconds; no torch needed)")
+    tr.add_argument("--channels", metavar="N", type=_positive_int, help="variables of the group (default 4)")
+    tr.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of each variable (default 96)")
+    tr.add_argument("--batch", metavar="N", type=_positive_int, help="samples per batch (default 4)")
+    tr.add_argument("--prefetch", metavar="N", type=_positive_int, help="ZarrLoader batches read ahead (default 4)")
+    tr.add_argument("--workers", metavar="N", type=_positive_int, help="DataLoader workers (default: CPU cores)")
+    tr.add_argument("--base", metavar="N", type=_positive_int, help="U-Net channels at full resolution (default 16)")
+    tr.add_argument("--repeats", metavar="N", type=_positive_int, help="timed windows per row (default 3)")
+    tr.add_argument("--seconds", metavar="S", type=float, help="length of a timed window (default 4)")
+    tr.add_argument("--no-ddp", action="store_true", help="skip the 2-GPU DDP row")
+    tr.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+    tr.add_argument("--out", metavar="DIR", help="folder for bench-train.json")
+    tr.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     _add_cluster_parser(sub)
     return parser

@@ -30,4 +30,8 @@ def main(args) -> int:
         from gpuzarr_dist.bench.cubed import run as run_cubed
 
         return run_cubed(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed")
+    if name == "train":
+        from gpuzarr_dist.bench.train import run as run_train
+
+        return run_train(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed, train")

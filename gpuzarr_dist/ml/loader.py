@@ -1,0 +1,379 @@
+"""``ZarrLoader``: batches of windows of Zarr arrays for a training loop, read ahead on the GPU.
+
+A batch is ``batch_size`` windows of the same shape, taken from a grid of
+window positions (starts every ``stride`` elements along each axis, every
+window inside the array). An epoch visits the grid in an order that depends
+on ``(seed, epoch)`` only, and each rank of a distributed run takes its own
+share, as ``torch.utils.data.DistributedSampler`` does. Reading goes through
+:class:`~gpuzarr_dist.array.windows.WindowSampler`: a batch's windows of one
+variable are one batched read and one batched decode. The next ``prefetch``
+batches are read on the loader's threads (on the GPU each with its own
+stream) while the caller works on the current one.
+
+See ``docs/training.md`` for the design and the ordering rules on the GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any
+
+import numpy as np
+
+from gpuzarr_dist.array.windows import WindowSampler
+from gpuzarr_dist.cuda.device import resolve_device
+
+OUTPUTS = ("torch", "cupy", "numpy")
+
+
+class ZarrLoader:
+    """Batches of windows of a Zarr group's variables (stacked as channels) or of one Zarr array.
+
+    Parameters
+    ----------
+    source
+        A Zarr group (with ``variables``) or array (without), in any form
+        :func:`~gpuzarr_dist.from_zarr_gpu` accepts: a local path, an object
+        store URL, a ``zarr.Group`` or ``zarr.Array``.
+    variables
+        Names of arrays of the group, all of one shape and dimension names;
+        each batch is ``(batch, len(variables), *window)`` with the variables
+        in this order. ``None``: ``source`` (or ``component`` inside it) is
+        one array and a batch is ``(batch, *window)``.
+    window
+        The window shape: a mapping from dimension name to length (dimensions
+        not named take their whole length), or a tuple with one length per
+        axis (the form for an array without dimension names).
+    stride
+        Step of the grid of window starts, in the same forms as ``window``
+        (or one int for every axis); default: the window, so windows tile the
+        array without overlap. Starts are ``0, stride, 2 * stride, ...``, as
+        long as the window stays inside the array.
+    batch_size, shuffle, seed, drop_last
+        As for ``torch.utils.data.DataLoader`` with a ``DistributedSampler``:
+        an epoch's order is a permutation of the grid that depends on
+        ``(seed, epoch)`` only (:meth:`set_epoch`); with ``drop_last`` the
+        grid positions beyond a multiple of ``world_size`` and a last
+        incomplete batch are left out, without it the ranks' shares are padded
+        by repeating the first positions of the order and the last batch may
+        be smaller.
+    rank, world_size
+        This process's share. Default: ``torch.distributed``'s when it is
+        initialised, else 0 of 1.
+    prefetch
+        Batches read ahead of the one the caller holds (0: read when asked).
+    device
+        ``"auto"``, ``"gpu"`` or ``"cpu"``: where chunks are decoded and
+        windows cut (on the GPU: the current CUDA device of the thread that
+        iterates, e.g. the one ``torch.cuda.set_device`` chose).
+    output
+        ``"torch"`` (tensors through DLPack, no copy, on the device the data
+        is on), ``"cupy"`` (on the GPU; copied up from the CPU device) or
+        ``"numpy"`` (copied down from the GPU device).
+    component, storage_options, index_cache
+        As for :class:`~gpuzarr_dist.array.windows.WindowSampler`
+        (``component``: the group or array inside ``source``).
+
+    On the GPU a batch is ready on the consuming stream (torch's current
+    stream for ``"torch"``, CuPy's for ``"cupy"``) when it is yielded: that
+    stream waits for the batch's writes on the device, and the host does not
+    wait. A yielded batch's memory is not reused while that stream may still
+    read it. Device memory is a batch per batch in flight (``prefetch``) plus
+    the batches the caller still holds.
+    """
+
+    def __init__(self, source: Any, variables: Sequence[str] | None = None, window: Mapping[str, int] | Sequence[int] | None = None,
+                 stride: Mapping[str, int] | Sequence[int] | int | None = None, batch_size: int = 16, shuffle: bool = True,
+                 seed: int = 0, drop_last: bool = True, rank: int | None = None, world_size: int | None = None,
+                 prefetch: int = 2, device: str = "auto", output: str = "torch", *, component: str | None = None,
+                 storage_options: dict | None = None, index_cache: int | str | None = "64 MiB"):
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        if window is None:
+            raise ValueError("window= is required: a mapping from dimension name to length, or a tuple")
+        self.device = resolve_device(device)
+        self.output = output
+        if isinstance(variables, str):
+            variables = [variables]
+        self.variables = None if variables is None else list(variables)
+        if self.variables is not None and not self.variables:
+            raise ValueError("variables= names no array; pass None for a bare array")
+        comps = [component] if self.variables is None else [_join(component, v) for v in self.variables]
+        names = [_label(source, c) for c in comps]
+        shape, dims = _shape_and_dims(source, comps[0], storage_options, names[0])
+        for comp, name in zip(comps[1:], names[1:]):
+            s, d = _shape_and_dims(source, comp, storage_options, name)
+            if s != shape or d != dims:
+                raise ValueError(f"{name}: shape {s} and dimensions {d} differ from {names[0]}'s {shape} and {dims}; "
+                                 "variables stacked as channels must match")
+        self.shape, self.dims = shape, dims
+        self.window = _per_axis(window, dims, shape, "window", names[0], default=shape)
+        self.stride = self.window if stride is None else _per_axis(stride, dims, shape, "stride", names[0], default=self.window)
+        if any(w < 1 or w > s for w, s in zip(self.window, shape)):
+            raise ValueError(f"{names[0]}: window {self.window} does not fit in an array of shape {shape}")
+        if any(s < 1 for s in self.stride):
+            raise ValueError(f"{names[0]}: stride {self.stride} must be at least 1 along every axis")
+        self.samplers = [WindowSampler(source, self.window, c, device=self.device, storage_options=storage_options,
+                                       index_cache=index_cache) for c in comps]
+        self.dtype = np.result_type(*[s.spec.dtype for s in self.samplers])
+        #: windows per axis of the grid of starts
+        self.grid = tuple((s - w) // st + 1 for s, w, st in zip(shape, self.window, self.stride))
+        self.batch_size, self.shuffle, self.seed, self.drop_last = int(batch_size), bool(shuffle), int(seed), bool(drop_last)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.prefetch = int(prefetch)
+        if self.prefetch < 0:
+            raise ValueError(f"prefetch must be at least 0, got {prefetch}")
+        if (rank is None) != (world_size is None):
+            dist_rank, dist_size = _distributed_defaults()
+            rank = dist_rank if rank is None else rank
+            world_size = dist_size if world_size is None else world_size
+        elif rank is None:
+            rank, world_size = _distributed_defaults()
+        self.rank, self.world_size = int(rank), int(world_size)
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {rank} of world_size {world_size}: need 0 <= rank < world_size")
+        self.name = names[0] if self.variables is None else _label(source, component)
+        if self.samples_per_rank() < 1:
+            raise ValueError(f"{self.name}: {self.num_windows} windows on the grid cannot give each of {self.world_size} "
+                             "ranks one")
+        self.epoch = 0
+        self._pool: ThreadPoolExecutor | None = None
+        self._slots: dict[tuple[int, int], Any] = {}  # (device, batch length) -> BatchSlots (GPU)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        what = f"variables={self.variables}, " if self.variables is not None else ""
+        return (f"ZarrLoader({self.name!r}, {what}window={self.window}, stride={self.stride}, batch_size={self.batch_size}, "
+                f"rank={self.rank}/{self.world_size}, device={self.device!r}, output={self.output!r})")
+
+    # ------------------------------------------------------------------ the order
+    @property
+    def num_windows(self) -> int:
+        """Window positions on the grid (all ranks together)."""
+        return math.prod(self.grid)
+
+    def samples_per_rank(self) -> int:
+        """Windows this rank reads per epoch (``DistributedSampler``'s ``num_samples``)."""
+        n, ws = self.num_windows, self.world_size
+        return n // ws if self.drop_last else -(-n // ws)
+
+    def __len__(self) -> int:
+        """Batches this rank yields per epoch."""
+        per = self.samples_per_rank()
+        return per // self.batch_size if self.drop_last else -(-per // self.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order the next iteration follows (as ``DistributedSampler.set_epoch``)."""
+        self.epoch = int(epoch)
+
+    def epoch_indices(self, epoch: int | None = None) -> np.ndarray:
+        """This rank's grid positions (flat, C order over :attr:`grid`) for ``epoch`` (default: the current), in order."""
+        epoch = self.epoch if epoch is None else int(epoch)
+        n, ws = self.num_windows, self.world_size
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        per = self.samples_per_rank()
+        if per * ws <= n:
+            order = order[: per * ws]
+        else:  # pad by repeating the order from its start, as DistributedSampler does
+            order = np.concatenate([order, np.resize(order, per * ws - n)])
+        return order[self.rank :: ws]
+
+    def starts(self, indices: Any) -> np.ndarray:
+        """The first corners ``(n, ndim)`` of the windows at flat grid positions ``indices``."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return np.stack(np.unravel_index(idx, self.grid), axis=1).astype(np.int64) * np.array(self.stride, dtype=np.int64)
+
+    def epoch_starts(self, epoch: int | None = None) -> np.ndarray:
+        """The first corners of this rank's windows for ``epoch``, in the order they are yielded."""
+        return self.starts(self.epoch_indices(epoch))
+
+    def _batches(self) -> list[np.ndarray]:
+        starts = self.epoch_starts()
+        b, n = self.batch_size, len(starts)
+        stop = n - n % b if self.drop_last else n
+        return [starts[i : i + b] for i in range(0, stop, b)]
+
+    # ------------------------------------------------------------------ reading
+    def __iter__(self) -> Iterator[Any]:
+        """This epoch's batches, with up to ``prefetch`` read ahead of the one yielded."""
+        batches = self._batches()
+        gpu_device = self._current_device() if self.device == "gpu" else None
+        if self.prefetch == 0:
+            for starts in batches:
+                yield self._deliver(self._read(starts, gpu_device))
+            return
+        pool = self._threads()
+        items = iter(batches)
+        pending: deque[Future] = deque()
+        try:
+            for starts in itertools.islice(items, self.prefetch):
+                pending.append(pool.submit(self._read, starts, gpu_device))
+            while pending:
+                got = pending.popleft().result()
+                for starts in itertools.islice(items, 1):
+                    pending.append(pool.submit(self._read, starts, gpu_device))
+                yield self._deliver(got)
+                del got
+        finally:
+            for f in pending:
+                f.cancel()
+            wait(pending)  # no read left running behind an error or an early break
+
+    def _threads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="gpuzarr-loader")
+            return self._pool
+
+    def _current_device(self) -> int:
+        from gpuzarr_dist.cuda.handoff import current_device
+
+        return current_device()
+
+    def _read(self, starts: np.ndarray, gpu_device: int | None) -> tuple[Any, Any]:
+        """One batch (on a prefetch thread): ``(array, ready event or None)``, numpy or cupy."""
+        if gpu_device is None:
+            parts = [s.sample(starts) for s in self.samplers]
+            if self.variables is None:
+                return parts[0].astype(self.dtype, copy=False), None
+            return np.stack([p.astype(self.dtype, copy=False) for p in parts], axis=1), None
+        from gpuzarr_dist.cuda.device import use_device
+        from gpuzarr_dist.cuda.handoff import BatchSlots, gather_host
+
+        use_device(gpu_device)
+        parts = [s.sample(starts) for s in self.samplers]
+        axis = None if self.variables is None else 1
+        if self.output == "numpy":
+            return gather_host(parts, axis, self.dtype), None
+        key = (gpu_device, len(starts))
+        with self._lock:
+            slots = self._slots.get(key)
+            if slots is None:
+                shape = (len(starts), *((len(parts),) if axis else ()), *self.window)
+                slots = self._slots[key] = BatchSlots(shape, self.dtype, gpu_device)
+        out = slots.take()
+        return out, slots.fill(out, parts, axis)
+
+    def _deliver(self, got: tuple[Any, Any]) -> Any:
+        """The batch as the caller asked for it (in the caller's thread, on its streams)."""
+        arr, ready = got
+        if ready is None:  # a host array
+            if self.output == "numpy":
+                return arr
+            if self.output == "torch":
+                import torch
+
+                return torch.from_numpy(arr)
+            from gpuzarr_dist.cuda.handoff import to_device
+
+            return to_device(arr)  # on CuPy's current stream of this thread
+        from gpuzarr_dist.cuda.handoff import current_stream_ptr, dlpack_capsule, hand_over
+
+        if self.output == "cupy":
+            hand_over(arr, ready, current_stream_ptr())
+            return arr
+        import torch
+
+        hand_over(arr, ready, int(torch.cuda.current_stream(arr.device.id).cuda_stream))
+        return torch.from_dlpack(dlpack_capsule(arr))
+
+    def close(self) -> None:
+        """End the loader's threads and free its idle device buffers; the loader stays usable."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+            slots = list(self._slots.values())
+        if pool is not None:
+            pool.shutdown(wait=True)
+        for s in slots:
+            s.close()
+        for s in self.samplers:
+            s.close()
+
+    def __enter__(self) -> ZarrLoader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------- helpers
+def _join(component: str | None, name: str) -> str:
+    return "/".join(p.strip("/") for p in (component, name) if p and p.strip("/"))
+
+
+def _label(source: Any, component: str | None) -> str:
+    base = getattr(source, "path", None) if not isinstance(source, str) else source
+    base = str(base if base is not None else type(source).__name__)
+    return f"{base.rstrip('/')}/{component}" if component else base
+
+
+def _distributed_defaults() -> tuple[int, int]:
+    """torch.distributed's rank and world size where it is imported and initialised, else ``(0, 1)``."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    return 0, 1
+
+
+def _shape_and_dims(source: Any, component: str | None, storage_options: dict | None, name: str) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """An array's shape and dimension names (Zarr v3 ``dimension_names``, v2 ``_ARRAY_DIMENSIONS``), or None."""
+    import zarr
+
+    if isinstance(source, (zarr.Array, zarr.Group)):
+        arr = source if isinstance(source, zarr.Array) else (source[component] if component else source)
+        if not isinstance(arr, zarr.Array):
+            raise ValueError(f"{name} is a Zarr group; pass variables= naming its arrays: {sorted(k for k, _ in arr.arrays())}")
+        dims = getattr(arr.metadata, "dimension_names", None) or arr.attrs.get("_ARRAY_DIMENSIONS")
+        return tuple(int(s) for s in arr.shape), _names(dims)
+    from gpuzarr_dist.stores.source import open_source
+
+    store, spec = open_source(source, component, storage_options)
+    base = getattr(store, "base", store)  # a sharded array's store of whole objects
+    dims = None
+    try:
+        docs = base.read_many([spec.metadata_key] + ([".zattrs"] if spec.zarr_format == 2 else []))
+    except Exception:  # noqa: BLE001 - no names readable: windows are then given as tuples
+        docs = []
+    for doc in docs:
+        if doc is None:
+            continue
+        try:
+            meta = json.loads(bytes(doc))
+        except ValueError:
+            continue
+        dims = dims or meta.get("dimension_names") or meta.get("_ARRAY_DIMENSIONS")
+    return tuple(int(s) for s in spec.shape), _names(dims)
+
+
+def _names(dims: Any) -> tuple[str, ...] | None:
+    return tuple(str(d) for d in dims) if dims and all(d is not None for d in dims) else None
+
+
+def _per_axis(value: Any, dims: tuple[str, ...] | None, shape: tuple[int, ...], what: str, name: str,
+              default: tuple[int, ...]) -> tuple[int, ...]:
+    """``value`` (a mapping by dimension name, a sequence, or one int) as one int per axis."""
+    if isinstance(value, Mapping):
+        if dims is None:
+            raise ValueError(f"{name}: {what} is given by dimension name, but the array has no dimension names; "
+                             f"pass a tuple of {len(shape)} lengths")
+        unknown = sorted(set(value) - set(dims))
+        if unknown:
+            raise ValueError(f"{name}: {what} names {unknown}, not dimensions of the array {dims}")
+        return tuple(int(value.get(d, default[a])) for a, d in enumerate(dims))
+    if isinstance(value, (int, np.integer)):
+        return (int(value),) * len(shape)
+    out = tuple(int(v) for v in value)
+    if len(out) != len(shape):
+        raise ValueError(f"{name}: {what} {out} has {len(out)} lengths for an array of {len(shape)} dimensions {shape}")
+    return out
+
+
+__all__ = ["ZarrLoader"]

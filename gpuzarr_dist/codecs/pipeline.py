@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
+from gpuzarr_dist.codecs.compressors import DecodeLimit, array_bytes_limit, chain_limits, decode_within
 from gpuzarr_dist.codecs.registry import get_codec
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
@@ -54,6 +55,10 @@ class CodecPipeline:
         except ValueError as e:
             raise MetadataError(f"{spec.name}: {spec.metadata_key} codecs: {e}") from e
         self.layouts = layouts
+        limits = chain_limits(array_bytes_limit(self.array_bytes, layouts[-1]), self.bytes_bytes)
+        #: what each of ``bytes_bytes`` may decode to, and what a stored chunk may hold (see codecs.compressors)
+        self.decode_limits: list[DecodeLimit] = limits[0]
+        self.stored_limit: DecodeLimit = limits[1]
 
     @property
     def codecs(self) -> list:
@@ -63,8 +68,8 @@ class CodecPipeline:
         """Decode one stored chunk on the CPU into an array of the chunk's shape and dtype."""
         codec = None
         try:
-            for codec in reversed(self.bytes_bytes):
-                data = codec.decode(data)
+            for codec, limit in zip(reversed(self.bytes_bytes), reversed(self.decode_limits)):
+                data = decode_within(codec, data, limit)  # never more than the chunk should decode to
             codec = self.array_bytes
             arr = codec.decode(data, self.layouts[-1])
             for codec, layout in zip(reversed(self.array_array), reversed(self.layouts[:-1])):

@@ -159,7 +159,13 @@ class Zstd(_Numcodecs):
             amount = f"at least {most}" if most > limit.size else str(most)
             raise ValueError(f"zstd frames state {amount} decoded bytes, {limit.expected()}")
         if limit.exact:  # numcodecs decodes exactly len(out) bytes where no size is stated, and fails otherwise
-            return self._codec.decode(view, out=np.empty(limit.size, dtype=np.uint8))
+            try:
+                return self._codec.decode(view, out=np.empty(limit.size, dtype=np.uint8))
+            except RuntimeError as e:
+                if stated:
+                    raise
+                raise ValueError(f"zstd frames that state no decoded size did not decode to {limit.size} bytes "
+                                 f"within a buffer of that size ({e})") from None
         if most > limit.size:
             raise ValueError(f"zstd frames that state no decoded size may decode to more than {limit.size} bytes, "
                              f"{limit.expected()}")

@@ -1,0 +1,215 @@
+"""Bounded reads: a chunk that expands far past its decoded size, a chunk file that is not a regular file or
+is far larger than its chunk can be, and a block larger than memory all fail fast with a clear error, without
+the allocation they ask for.
+
+Bombs are built by hand (zstd frames of RLE blocks, a streamed gzip member) and checked against numcodecs
+and Python's zlib, the independent decoders: small versions of them decode there to the zeros they stand for.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+
+import dask
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+import zarr.codecs as zc
+
+import gpuzarr_dist as gz
+from gpuzarr_dist.codecs.compressors import (
+    LZ4,
+    Blosc,
+    DecodeLimit,
+    GZip,
+    Zlib,
+    Zstd,
+    chain_limits,
+    compressed_bound,
+    zstd_sizes,
+)
+from gpuzarr_dist.errors import ChunkDecodeError, ChunkReadError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GiB = 1 << 30
+RLE_BLOCK = 128 << 10  # the largest zstd block
+
+
+# -- bombs ---------------------------------------------------------------------------------------
+
+
+def zstd_bomb(nbytes: int, stated: bool = True, checksum: bool = False) -> bytes:
+    """A zstd frame of ``nbytes`` zeros made of RLE blocks (4 bytes per 128 KiB), stating its size or not."""
+    assert nbytes % RLE_BLOCK == 0 and nbytes
+    fhd = (3 << 6 if stated else 0) | (4 if checksum else 0)  # FCS in 8 bytes (or none); window descriptor follows
+    head = (0xFD2FB528).to_bytes(4, "little") + bytes([fhd, 7 << 3])  # window 2**17 (128 KiB)
+    if stated:
+        head += nbytes.to_bytes(8, "little")
+    count = nbytes // RLE_BLOCK
+    block = ((RLE_BLOCK << 3) | (1 << 1)).to_bytes(3, "little") + b"\0"
+    last = ((RLE_BLOCK << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\0"
+    return head + block * (count - 1) + last
+
+
+def deflate_bomb(nbytes: int, wbits: int) -> bytes:
+    """``nbytes`` zeros compressed as a stream (gzip: ``wbits`` 31, zlib: 15), a MiB at a time."""
+    c = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    zeros = bytes(1 << 20)
+    parts = [c.compress(zeros) for _ in range(nbytes >> 20)]
+    return b"".join(parts) + c.flush()
+
+
+def test_the_handmade_zstd_frames_are_what_numcodecs_decodes():
+    for stated in (True, False):
+        frame = zstd_bomb(4 * RLE_BLOCK, stated)
+        out = numcodecs.Zstd().decode(frame)
+        assert bytes(out) == bytes(4 * RLE_BLOCK)
+    assert zstd_sizes(memoryview(zstd_bomb(4 * RLE_BLOCK, True)), 1 << 40) == (True, 4 * RLE_BLOCK)
+    assert zstd_sizes(memoryview(zstd_bomb(4 * RLE_BLOCK, False)), 1 << 40) == (False, 4 * RLE_BLOCK)
+
+
+# -- each decoder within its limit ---------------------------------------------------------------
+
+
+EXACT = DecodeLimit(48, True)
+
+
+@pytest.mark.parametrize("stated", [True, False])
+def test_zstd_bomb_refused_within_the_limit(stated):
+    with pytest.raises((ValueError, RuntimeError)) as e:
+        Zstd().decode_within(zstd_bomb(64 * RLE_BLOCK, stated), EXACT)
+    assert "48" in str(e.value)
+
+
+def test_zstd_bound_limit_refuses_unstated_frames_that_could_pass_it():
+    with pytest.raises(ValueError, match="may decode to more than"):
+        Zstd().decode_within(zstd_bomb(64 * RLE_BLOCK, False), DecodeLimit(RLE_BLOCK, False))
+    out = Zstd().decode_within(zstd_bomb(2 * RLE_BLOCK, False), DecodeLimit(2 * RLE_BLOCK + 5, False))
+    assert bytes(out) == bytes(2 * RLE_BLOCK)
+
+
+def test_zstd_stated_size_other_than_the_chunk_is_refused():
+    data = numcodecs.Zstd().encode(bytes(40))
+    with pytest.raises(ValueError, match="state 40 decoded bytes, expected 48"):
+        Zstd().decode_within(data, EXACT)
+
+
+@pytest.mark.parametrize("codec,wbits", [(GZip, 31), (Zlib, 15)])
+def test_deflate_bomb_stops_at_the_limit(codec, wbits):
+    with pytest.raises(ValueError, match="decoded to more than 48 bytes"):
+        codec().decode_within(deflate_bomb(8 << 20, wbits), EXACT)
+
+
+def test_lz4_and_blosc_stated_sizes_are_refused_before_decoding():
+    lz4 = numcodecs.LZ4().encode(bytes(48))
+    bomb = GiB.to_bytes(4, "little") + lz4[4:]
+    with pytest.raises(ValueError, match=f"lz4 prefix states {GiB} decoded bytes, expected 48"):
+        LZ4().decode_within(bomb, EXACT)
+    frame = bytearray(numcodecs.Blosc(cname="lz4").encode(np.zeros(12, np.float32)))
+    frame[4:8] = GiB.to_bytes(4, "little")
+    with pytest.raises(ValueError, match=f"blosc header states {GiB} decoded bytes, expected 48"):
+        Blosc().decode_within(bytes(frame), EXACT)
+
+
+@pytest.mark.parametrize("codec,cls", [(numcodecs.Zstd(), Zstd), (numcodecs.GZip(), GZip), (numcodecs.Zlib(), Zlib),
+                                       (numcodecs.LZ4(), LZ4), (numcodecs.Blosc(cname="zstd", shuffle=2), Blosc)])
+def test_valid_chunks_decode_as_numcodecs_decodes_them(codec, cls):
+    raw = np.arange(3000, dtype="<f8").tobytes()
+    enc = codec.encode(raw)
+    exact = cls().decode_within(enc, DecodeLimit(len(raw), True))
+    bound = cls().decode_within(enc, DecodeLimit(compressed_bound(len(raw)), False))
+    assert bytes(exact) == bytes(bound) == bytes(codec.decode(enc)) == raw
+    with pytest.raises(ValueError):
+        cls().decode_within(enc, DecodeLimit(len(raw) + 1, True))
+
+
+def test_gzip_with_two_members_and_padding_decodes_as_pythons_gzip():
+    raw = bytes(range(256)) * 10
+    data = gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]) + bytes(7)
+    assert bytes(GZip().decode_within(data, DecodeLimit(len(raw), True))) == gzip.decompress(data) == raw
+
+
+def test_truncated_zlib_is_still_an_error():
+    data = zlib.compress(bytes(range(256)) * 10)[:-9]
+    with pytest.raises(zlib.error, match="incomplete or truncated"):
+        Zlib().decode_within(data, DecodeLimit(2560, True))
+
+
+def test_chain_limits_exact_next_to_bytes_bounds_further_out():
+    crc, z, g = zc.Crc32cCodec(), Zstd(), GZip()
+    from gpuzarr_dist.codecs.compressors import Crc32c
+
+    limits, stored = chain_limits(DecodeLimit(1000, True), [z, Crc32c()])
+    assert limits == [DecodeLimit(1000, True), DecodeLimit(compressed_bound(1000), False)]
+    assert stored == DecodeLimit(compressed_bound(1000) + 4, False)
+    limits, stored = chain_limits(DecodeLimit(1000, True), [Crc32c(), z, g])
+    assert limits[:2] == [DecodeLimit(1000, True), DecodeLimit(1004, True)]
+    assert stored.size == compressed_bound(compressed_bound(1004))
+    del crc
+
+
+# -- a bomb chunk through the whole read, in a fresh process that measures its memory -------------------
+
+
+def _small_array(path: str, compressors, zarr_format: int = 3) -> str:
+    """A 48-byte array of one chunk at ``path`` written by zarr-python; its chunk's file."""
+    zarr.create_array(path, shape=(12,), chunks=(12,), dtype="float32", compressors=compressors, fill_value=0,
+                      zarr_format=zarr_format)[:] = 1
+    return os.path.join(path, "c", "0") if zarr_format == 3 else os.path.join(path, "0")
+
+
+BOMB_SCRIPT = textwrap.dedent("""
+    import json, resource, sys, time
+    import gpuzarr_dist as gz
+    from gpuzarr_dist.errors import ChunkDecodeError
+    out = {}
+    arrays = {name: gz.from_zarr_gpu(path, device="cpu") for name, path in json.loads(sys.argv[1]).items()}
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # one baseline: the peak only grows
+    for name, x in arrays.items():
+        t = time.perf_counter()
+        try:
+            x.compute(scheduler="synchronous")
+            err = None
+        except ChunkDecodeError as e:
+            err = str(e)
+        except Exception as e:
+            err = "OTHER " + type(e).__name__ + ": " + str(e)
+        out[name] = {"error": err, "grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before,
+                     "seconds": time.perf_counter() - t}
+    print(json.dumps(out))
+""")
+
+
+def test_bomb_chunks_raise_chunk_decode_error_with_little_memory(tmp_path):
+    """A 1 GiB zstd bomb (stated size, and none), a 512 MiB gzip bomb and a 256 MiB zlib bomb (Zarr v2), each
+    the stored chunk of a 48-byte chunk: ChunkDecodeError naming the array and chunk, and the process's peak RSS
+    grows by less than 300 MB over them all (each alone grew it by its decoded size and more before)."""
+    bombs = {
+        "zstd": ([zc.ZstdCodec()], 3, zstd_bomb(GiB, stated=True)),
+        "zstd-unstated": ([zc.ZstdCodec()], 3, zstd_bomb(GiB, stated=False)),
+        "gzip": ([zc.GzipCodec()], 3, deflate_bomb(512 << 20, 31)),
+        "zlib-v2": (numcodecs.Zlib(), 2, deflate_bomb(256 << 20, 15)),
+    }
+    paths = {}
+    for name, (compressors, zarr_format, bomb) in bombs.items():
+        path = str(tmp_path / f"{name}.zarr")
+        with open(_small_array(path, compressors, zarr_format), "wb") as f:
+            f.write(bomb)
+        paths[name] = path
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    run = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, json.dumps(paths)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, r in result.items():
+        assert r["error"] is not None and not r["error"].startswith("OTHER"), (name, r)
+        assert paths[name] in r["error"] and ("'c/0'" in r["error"] or "'0'" in r["error"]), (name, r)
+        assert r["grew_kib"] < 300 * 1024, (name, r)

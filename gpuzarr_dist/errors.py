@@ -89,3 +89,12 @@ class GpuOutOfMemoryError(GpuZarrError, MemoryError):
     def __init__(self, array: str, message: str):
         self.array = array
         super().__init__(message)
+
+
+class BlockTooLargeError(GpuZarrError, MemoryError):
+    """A block larger than the memory of the device that reads it, refused before it is planned or allocated;
+    the message names the array, the block's shape and bytes, and how to read smaller blocks."""
+
+    def __init__(self, array: str, message: str):
+        self.array = array
+        super().__init__(message)

@@ -213,3 +213,105 @@ def test_bomb_chunks_raise_chunk_decode_error_with_little_memory(tmp_path):
         assert r["error"] is not None and not r["error"].startswith("OTHER"), (name, r)
         assert paths[name] in r["error"] and ("'c/0'" in r["error"] or "'0'" in r["error"]), (name, r)
         assert r["grew_kib"] < 300 * 1024, (name, r)
+
+
+# -- local reads: regular files of a sensible size only ---------------------------------------------
+
+
+def _read_cpu(path: str):
+    return gz.from_zarr_gpu(path, device="cpu").compute(scheduler="synchronous")
+
+
+def _chunk_store(path: str):
+    from gpuzarr_dist.stores.source import open_source
+
+    from gpuzarr_dist.array.reader import BlockReader
+
+    store, spec = open_source(path)
+    BlockReader(store, spec, "cpu")  # sets the store's limit from the codec chain
+    return store
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_a_chunk_linked_to_dev_zero_is_refused_at_once(tmp_path):
+    path = str(tmp_path / "a.zarr")
+    chunk = _small_array(path, [zc.ZstdCodec()])
+    os.remove(chunk)
+    os.symlink("/dev/zero", chunk)
+    t = time.perf_counter()
+    with pytest.raises(ChunkReadError, match=r"'c/0'.*character device, not a regular file") as e:
+        _read_cpu(path)
+    assert path in str(e.value) and time.perf_counter() - t < 10
+    store = _chunk_store(path)  # the whole-file read of the GPU path (read_into) and kvikio's sizing refuse it too
+    with pytest.raises(ChunkReadError, match="character device"):
+        store.read_into(["c/0"], lambda n: np.empty(n, np.uint8))
+    with pytest.raises(ChunkReadError, match="character device"):
+        store.size_or_missing("c/0")
+
+
+def test_a_pipe_as_chunk_is_refused_without_waiting_for_a_writer(tmp_path):
+    path = str(tmp_path / "a.zarr")
+    chunk = _small_array(path, [zc.ZstdCodec()])
+    os.remove(chunk)
+    os.mkfifo(chunk)
+    with pytest.raises(ChunkReadError, match="a pipe, not a regular file"):
+        _read_cpu(path)
+
+
+@pytest.mark.parametrize("compressors", [[zc.ZstdCodec()], None])
+def test_a_huge_sparse_chunk_file_is_refused_before_any_allocation(tmp_path, compressors):
+    """A 20 GiB sparse file where a 48-byte chunk belongs: ChunkReadError naming it, read by neither path."""
+    path = str(tmp_path / "a.zarr")
+    chunk = _small_array(path, compressors)
+    with open(chunk, "r+b") as f:
+        f.truncate(20 * GiB)
+    with pytest.raises(ChunkReadError, match=rf"'c/0'.*holds {20 * GiB} bytes, more than a chunk of this array") as e:
+        _read_cpu(path)
+    assert path in str(e.value)
+    store = _chunk_store(path)
+    asked = []
+    with pytest.raises(ChunkReadError, match="more than a chunk"):
+        store.read_into(["c/0"], lambda n: asked.append(n) or np.empty(n, np.uint8))
+    assert not asked  # refused before the staging buffer was asked for
+
+
+def test_the_stored_limit_lets_every_real_chunk_through(tmp_path):
+    """Incompressible data, compressed and checksummed, reads back as zarr-python reads it."""
+    data = np.random.default_rng(5).integers(0, 2**63, size=(64, 33), dtype=np.int64)
+    for compressors in ([zc.ZstdCodec(level=1), zc.Crc32cCodec()], [zc.GzipCodec()], [zc.BloscCodec(cname="lz4")], None):
+        path = str(tmp_path / f"r{len(os.listdir(tmp_path))}.zarr")
+        zarr.create_array(path, shape=data.shape, chunks=(16, 33), dtype=data.dtype, compressors=compressors)[:] = data
+        np.testing.assert_array_equal(_read_cpu(path), zarr.open_array(path)[:])
+
+
+# -- a block that cannot fit fails fast --------------------------------------------------------------
+
+
+def test_a_block_larger_than_memory_fails_fast_naming_it(tmp_path):
+    """A one-block read of 8 TB in 10**12 one-element chunks: planned chunk by chunk, it ran for minutes."""
+    from gpuzarr_dist.core.layout import host_memory_available
+    from gpuzarr_dist.errors import BlockTooLargeError
+
+    path = str(tmp_path / "big.zarr")
+    zarr.create_array(path, shape=(10**6, 10**6), chunks=(1, 1), dtype="float64", fill_value=0)
+    x = gz.from_zarr_gpu(path, device="cpu", chunks=(10**6, 10**6))
+    assert host_memory_available() < 8 * 10**12
+    t = time.perf_counter()
+    with pytest.raises(BlockTooLargeError, match=r"big.zarr: a block of shape \(1000000, 1000000\) \(7\.28 TiB of "
+                                                 r"float64\) cannot fit in the host's available memory") as e:
+        x.compute(scheduler="synchronous")
+    assert time.perf_counter() - t < 10
+    assert isinstance(e.value, MemoryError) and "chunks=" in str(e.value)
+
+
+def test_plan_selection_checks_only_where_asked():
+    from gpuzarr_dist.core.selection import plan_selection
+    from gpuzarr_dist.errors import BlockTooLargeError
+    from gpuzarr_dist.core.metadata import ArraySpec
+
+    spec = ArraySpec(name="a", shape=(100, 10), chunk_shape=(10, 10), dtype=np.dtype("float32"), fill_value=0,
+                     zarr_format=3, codecs=(), key_prefix="c", key_separator="/", metadata_key="zarr.json")
+    assert plan_selection(spec, (slice(None), slice(None)), (4000, "x")).n_parts == 10  # exactly fits
+    with pytest.raises(BlockTooLargeError, match="cannot fit in x"):
+        plan_selection(spec, (slice(None), slice(None)), (3999, "x"))
+    assert plan_selection(spec, (slice(None), slice(None))).n_parts == 10

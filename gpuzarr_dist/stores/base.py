@@ -20,6 +20,25 @@ def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[lis
     return offsets, total
 
 
+def stored_refusal(mode: int, size: int, limit: int | None, what: str = "chunk") -> str | None:
+    """Why a stored chunk of file type ``mode`` (``st_mode``) and ``size`` bytes must not be read, or ``None``.
+
+    Only regular files are read (a device such as ``/dev/zero``, a pipe or a socket never ends, or blocks);
+    and none larger than ``limit`` (see :attr:`ChunkStore.object_limit`).
+    """
+    import stat
+
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"),
+                 (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+        kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+        return f"the {what}'s file is {kind}, not a regular file; refusing to read it"
+    if limit is not None and size > limit:
+        return (f"the {what}'s file holds {size} bytes, more than a {what} of this array can take stored "
+                f"({limit} bytes: its decoded size and what its codecs may add); refusing to read it")
+    return None
+
+
 def check_key(array: str, key: str) -> str:
     """``key`` if it is a relative key that stays inside the array's folder; a :class:`ChunkReadError` otherwise.
 
@@ -46,6 +65,12 @@ class ChunkStore(ABC):
 
     #: what to call the array in messages
     array: str
+
+    #: the most bytes one stored chunk may hold, or ``None`` (no limit): a chunk object larger than this is
+    #: refused with :class:`~gpuzarr_dist.errors.ChunkReadError` before it is read (local files: before any
+    #: allocation). The block reader sets it from the codec chain (``CodecPipeline.stored_limit``: the chunk's
+    #: decoded size plus what its codecs may add); byte ranges of shards are bounded by their index instead.
+    object_limit: int | None = None
 
     @abstractmethod
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:

@@ -156,63 +156,129 @@ def test_chain_limits_exact_next_to_bytes_bounds_further_out():
     del crc
 
 
+def test_the_pipeline_reports_a_bomb_against_its_chunk_and_codec(tmp_path):
+    from gpuzarr_dist.codecs.compressors import crc32c_value
+    from gpuzarr_dist.codecs.pipeline import CodecPipeline
+    from gpuzarr_dist.stores.source import open_source
+
+    path = str(tmp_path / "a.zarr")
+    _small_array(path, [zc.ZstdCodec(), zc.Crc32cCodec()])
+    _, spec = open_source(path)
+    pipeline = CodecPipeline(spec)
+    assert pipeline.decode_limits == [DecodeLimit(48, True), DecodeLimit(compressed_bound(48), False)]
+    assert pipeline.stored_limit == DecodeLimit(compressed_bound(48) + 4, False)
+    bomb = zstd_bomb(GiB)
+    stored = bomb + crc32c_value(bomb).to_bytes(4, "little")
+    with pytest.raises(ChunkDecodeError, match=r"chunk 'c/9' failed to decode with codec 'zstd': ValueError: zstd "
+                                               r"frames state at least 1073741824 decoded bytes, expected 48") as e:
+        pipeline.decode_chunk(stored, "c/9")
+    assert e.value.codec == "zstd" and e.value.key == "c/9"
+
+
 # -- a bomb chunk through the whole read, in a fresh process that measures its memory -------------------
 
 
-def _small_array(path: str, compressors, zarr_format: int = 3) -> str:
-    """A 48-byte array of one chunk at ``path`` written by zarr-python; its chunk's file."""
-    zarr.create_array(path, shape=(12,), chunks=(12,), dtype="float32", compressors=compressors, fill_value=0,
-                      zarr_format=zarr_format)[:] = 1
-    return os.path.join(path, "c", "0") if zarr_format == 3 else os.path.join(path, "0")
+def _small_array(path: str, compressors, zarr_format: int = 3, chunks: int = 1, items: int = 12) -> str:
+    """An array of ``chunks`` float32 chunks of ``items`` elements at ``path`` written by zarr-python; the file
+    of its chunk 0 (or of chunk 5 where there are more than five)."""
+    zarr.create_array(path, shape=(items * chunks,), chunks=(items,), dtype="float32", compressors=compressors,
+                      fill_value=0, zarr_format=zarr_format)[:] = 1
+    key = "5" if chunks > 5 else "0"
+    return os.path.join(path, "c", key) if zarr_format == 3 else os.path.join(path, key)
 
 
+#: reads each ``(good, bomb)`` pair's good array first (the device's context, kernels and pools warm: not
+#: counted), then each bomb, and prints the error and the growth of the process's peak RSS since the warm-up
 BOMB_SCRIPT = textwrap.dedent("""
     import json, resource, sys, time
+    import dask
     import gpuzarr_dist as gz
     from gpuzarr_dist.errors import ChunkDecodeError
+    pairs, device, settings = json.loads(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
     out = {}
-    arrays = {name: gz.from_zarr_gpu(path, device="cpu") for name, path in json.loads(sys.argv[1]).items()}
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # one baseline: the peak only grows
-    for name, x in arrays.items():
-        t = time.perf_counter()
-        try:
-            x.compute(scheduler="synchronous")
-            err = None
-        except ChunkDecodeError as e:
-            err = str(e)
-        except Exception as e:
-            err = "OTHER " + type(e).__name__ + ": " + str(e)
-        out[name] = {"error": err, "grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before,
-                     "seconds": time.perf_counter() - t}
+    with dask.config.set(settings):
+        for good, _ in pairs.values():
+            gz.from_zarr_gpu(good, device=device).compute(scheduler="synchronous")
+        arrays = {name: gz.from_zarr_gpu(bomb, device=device) for name, (_, bomb) in pairs.items()}
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # one baseline: the peak only grows
+        for name, x in arrays.items():
+            t = time.perf_counter()
+            try:
+                x.compute(scheduler="synchronous")
+                err = None
+            except ChunkDecodeError as e:
+                err = str(e)
+            except Exception as e:
+                err = "OTHER " + type(e).__name__ + ": " + str(e)
+            out[name] = {"error": err, "grew_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before,
+                         "seconds": time.perf_counter() - t}
     print(json.dumps(out))
 """)
 
 
-def test_bomb_chunks_raise_chunk_decode_error_with_little_memory(tmp_path):
-    """A 1 GiB zstd bomb (stated size, and none), a 512 MiB gzip bomb and a 256 MiB zlib bomb (Zarr v2), each
-    the stored chunk of a 48-byte chunk: ChunkDecodeError naming the array and chunk, and the process's peak RSS
-    grows by less than 300 MB over them all (each alone grew it by its decoded size and more before)."""
+#: elements of the bombs' chunks: 1 MiB, so that the bombs are no larger than such a chunk may be stored
+#: (a larger chunk file is refused unread: see the local-read tests below)
+BOMB_ITEMS = 1 << 18
+
+
+def _bombs(extra: bool = False) -> dict:
+    """name -> (compressors, zarr format, bomb): each bomb decodes to far more than its 1 MiB chunk."""
     bombs = {
         "zstd": ([zc.ZstdCodec()], 3, zstd_bomb(GiB, stated=True)),
         "zstd-unstated": ([zc.ZstdCodec()], 3, zstd_bomb(GiB, stated=False)),
         "gzip": ([zc.GzipCodec()], 3, deflate_bomb(512 << 20, 31)),
         "zlib-v2": (numcodecs.Zlib(), 2, deflate_bomb(256 << 20, 15)),
     }
-    paths = {}
-    for name, (compressors, zarr_format, bomb) in bombs.items():
+    if extra:  # frames that state a huge size: refused on the host before anything is allocated
+        lz4 = numcodecs.LZ4().encode(bytes(4 * BOMB_ITEMS))
+        blosc = bytearray(numcodecs.Blosc(cname="lz4").encode(np.zeros(BOMB_ITEMS, np.float32)))
+        blosc[4:8] = GiB.to_bytes(4, "little")
+        bombs["lz4-v2"] = (numcodecs.LZ4(), 2, GiB.to_bytes(4, "little") + lz4[4:])
+        bombs["blosc"] = ([zc.BloscCodec(cname="lz4")], 3, bytes(blosc))
+    return bombs
+
+
+def _run_bombs(tmp_path, device: str, settings: dict, chunks: int = 1, extra: bool = False) -> None:
+    """Every bomb of :func:`_bombs` as one chunk of an array of ``chunks`` chunks, read on ``device`` in a fresh
+    process: ChunkDecodeError naming the array and the chunk, and peak RSS growth under 300 MB over them all."""
+    pairs, keys = {}, {}
+    for name, (compressors, zarr_format, bomb) in _bombs(extra).items():
+        good = str(tmp_path / f"{name}-good.zarr")
         path = str(tmp_path / f"{name}.zarr")
-        with open(_small_array(path, compressors, zarr_format), "wb") as f:
+        _small_array(good, compressors, zarr_format, chunks, BOMB_ITEMS)
+        chunk = _small_array(path, compressors, zarr_format, chunks, BOMB_ITEMS)
+        with open(chunk, "wb") as f:
             f.write(bomb)
-        paths[name] = path
+        pairs[name] = (good, path)
+        keys[name] = os.path.relpath(chunk, path).replace(os.sep, "/")
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    run = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, json.dumps(paths)], capture_output=True, text=True,
-                         env=env, timeout=300)
+    run = subprocess.run([sys.executable, "-c", BOMB_SCRIPT, json.dumps(pairs), device, json.dumps(settings)],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=str(tmp_path))
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(result) == set(pairs)
     for name, r in result.items():
         assert r["error"] is not None and not r["error"].startswith("OTHER"), (name, r)
-        assert paths[name] in r["error"] and ("'c/0'" in r["error"] or "'0'" in r["error"]), (name, r)
+        assert pairs[name][1] in r["error"] and f"chunk {keys[name]!r}" in r["error"], (name, r)
         assert r["grew_kib"] < 300 * 1024, (name, r)
+
+
+def test_bomb_chunks_raise_chunk_decode_error_with_little_memory(tmp_path):
+    """A 1 GiB zstd bomb (stated size, and none), a 512 MiB gzip bomb and a 256 MiB zlib bomb (Zarr v2), each
+    the stored chunk of a 1 MiB chunk: ChunkDecodeError naming the array and chunk, and the process's peak RSS
+    grows by less than 300 MB over them all (each alone grew it by its decoded size and more before)."""
+    _run_bombs(tmp_path, "cpu", {}, extra=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", ["nvcomp", "small-batch-on-cpu"])
+def test_bomb_chunks_on_the_gpu_device(tmp_path, batch):
+    """The same bombs (and lz4 and Blosc frames stating 1 GiB) as chunk 5 of 64 on the GPU device: through
+    nvCOMP's path (checks on the host and device walks, suspects judged by the bounded CPU decoders) and as a
+    small batch the CPU decodes; ChunkDecodeError naming the array and chunk, host RSS growth under 300 MB."""
+    settings = ({"gpuzarr.gpu.min-batch": 0, "gpuzarr.gpu.min-batch-chunks": 0} if batch == "nvcomp"
+                else {"gpuzarr.gpu.min-batch-chunks": 1000})
+    _run_bombs(tmp_path, "gpu", settings, chunks=64, extra=True)
 
 
 # -- local reads: regular files of a sensible size only ---------------------------------------------
@@ -223,9 +289,8 @@ def _read_cpu(path: str):
 
 
 def _chunk_store(path: str):
-    from gpuzarr_dist.stores.source import open_source
-
     from gpuzarr_dist.array.reader import BlockReader
+    from gpuzarr_dist.stores.source import open_source
 
     store, spec = open_source(path)
     BlockReader(store, spec, "cpu")  # sets the store's limit from the codec chain
@@ -275,6 +340,25 @@ def test_a_huge_sparse_chunk_file_is_refused_before_any_allocation(tmp_path, com
     assert not asked  # refused before the staging buffer was asked for
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("local_reads", ["auto", "threads"])
+def test_local_read_refusals_on_the_gpu_device(tmp_path, local_reads):
+    """/dev/zero and a 20 GiB sparse file as chunk files, read on the GPU device (through kvikio where it is
+    installed, else preadv): ChunkReadError naming the array and chunk, before the pinned staging buffer."""
+    zero, sparse = str(tmp_path / "zero.zarr"), str(tmp_path / "sparse.zarr")
+    chunk = _small_array(zero, [zc.ZstdCodec()])
+    os.remove(chunk)
+    os.symlink("/dev/zero", chunk)
+    with open(_small_array(sparse, [zc.ZstdCodec()]), "r+b") as f:
+        f.truncate(20 * GiB)
+    with dask.config.set({"gpuzarr.local-reads": local_reads}):
+        for path, why in ((zero, "character device, not a regular file"), (sparse, "more than a chunk of this array")):
+            t = time.perf_counter()
+            with pytest.raises(ChunkReadError, match=why) as e:
+                gz.from_zarr_gpu(path, device="gpu").compute(scheduler="synchronous")
+            assert path in str(e.value) and "'c/0'" in str(e.value) and time.perf_counter() - t < 30
+
+
 def test_the_stored_limit_lets_every_real_chunk_through(tmp_path):
     """Incompressible data, compressed and checksummed, reads back as zarr-python reads it."""
     data = np.random.default_rng(5).integers(0, 2**63, size=(64, 33), dtype=np.int64)
@@ -305,9 +389,9 @@ def test_a_block_larger_than_memory_fails_fast_naming_it(tmp_path):
 
 
 def test_plan_selection_checks_only_where_asked():
+    from gpuzarr_dist.core.metadata import ArraySpec
     from gpuzarr_dist.core.selection import plan_selection
     from gpuzarr_dist.errors import BlockTooLargeError
-    from gpuzarr_dist.core.metadata import ArraySpec
 
     spec = ArraySpec(name="a", shape=(100, 10), chunk_shape=(10, 10), dtype=np.dtype("float32"), fill_value=0,
                      zarr_format=3, codecs=(), key_prefix="c", key_separator="/", metadata_key="zarr.json")
@@ -315,3 +399,15 @@ def test_plan_selection_checks_only_where_asked():
     with pytest.raises(BlockTooLargeError, match="cannot fit in x"):
         plan_selection(spec, (slice(None), slice(None)), (3999, "x"))
     assert plan_selection(spec, (slice(None), slice(None))).n_parts == 10
+
+
+@pytest.mark.gpu
+def test_a_block_larger_than_the_gpu_fails_fast(tmp_path):
+    from gpuzarr_dist.errors import BlockTooLargeError
+
+    path = str(tmp_path / "big.zarr")
+    zarr.create_array(path, shape=(10**6, 10**6), chunks=(1, 1), dtype="float64", fill_value=0)
+    t = time.perf_counter()
+    with pytest.raises(BlockTooLargeError, match=r"\(7\.28 TiB of float64\) cannot fit in the GPU's memory"):
+        gz.from_zarr_gpu(path, device="gpu", chunks=(10**6, 10**6)).compute(scheduler="synchronous")
+    assert time.perf_counter() - t < 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,8 +27,6 @@ def stored_refusal(mode: int, size: int, limit: int | None, what: str = "chunk")
     Only regular files are read (a device such as ``/dev/zero``, a pipe or a socket never ends, or blocks);
     and none larger than ``limit`` (see :attr:`ChunkStore.object_limit`).
     """
-    import stat
-
     if not stat.S_ISREG(mode):
         kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"),
                  (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))

@@ -45,7 +45,7 @@ class BlockReader:
         self._pipeline: CodecPipeline | None = None
         pipeline = CodecPipeline(spec)  # fail early, in the client, on codecs we cannot decode
         if isinstance(store, ChunkStore) and store.object_limit is None:  # a chunk larger than its codecs make:
-            store.object_limit = pipeline.stored_limit.size  # refused unread (see ChunkStore.object_limit)
+            store.object_limit = pipeline.stored_limit  # refused unread (see ChunkStore.object_limit)
 
     # -- array-like surface used by dask.array.from_array ------------------------
     @property

@@ -101,6 +101,13 @@ def array_bytes_limit(codec: Any, layout: Any) -> DecodeLimit:
     return DecodeLimit(max_unsized_chunk_bytes(), False)
 
 
+def stored_size_limit(stored: DecodeLimit) -> int:
+    """The most bytes a stored chunk may hold before it is refused unread, given the chain's limit on its stored
+    size (:func:`chain_limits`): that limit, plus an eighth and 64 KiB more (:func:`compressed_bound`), so that a
+    chunk a little too long still reaches its decoder, which says what is wrong with it."""
+    return compressed_bound(stored.size)
+
+
 def decode_within(codec: Any, data: Any, limit: DecodeLimit) -> Any:
     """``codec``'s decode of ``data`` within ``limit`` (``ValueError`` beyond it).
 

@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
-from gpuzarr_dist.codecs.compressors import DecodeLimit, array_bytes_limit, chain_limits, decode_within
+from gpuzarr_dist.codecs.compressors import (
+    DecodeLimit,
+    array_bytes_limit,
+    chain_limits,
+    decode_within,
+    stored_size_limit,
+)
 from gpuzarr_dist.codecs.registry import get_codec
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
@@ -56,9 +62,10 @@ class CodecPipeline:
             raise MetadataError(f"{spec.name}: {spec.metadata_key} codecs: {e}") from e
         self.layouts = layouts
         limits = chain_limits(array_bytes_limit(self.array_bytes, layouts[-1]), self.bytes_bytes)
-        #: what each of ``bytes_bytes`` may decode to, and what a stored chunk may hold (see codecs.compressors)
+        #: what each of ``bytes_bytes`` may decode to, and the most bytes a stored chunk may hold before it is
+        #: refused unread (see :mod:`.compressors`)
         self.decode_limits: list[DecodeLimit] = limits[0]
-        self.stored_limit: DecodeLimit = limits[1]
+        self.stored_limit: int = stored_size_limit(limits[1])
 
     @property
     def codecs(self) -> list:

@@ -34,7 +34,7 @@ def stored_refusal(mode: int, size: int, limit: int | None, what: str = "chunk")
         return f"the {what}'s file is {kind}, not a regular file; refusing to read it"
     if limit is not None and size > limit:
         return (f"the {what}'s file holds {size} bytes, more than a {what} of this array can take stored "
-                f"({limit} bytes: its decoded size and what its codecs may add); refusing to read it")
+                f"({limit} bytes: its decoded size, what its codecs may add, and a margin); refusing to read it")
     return None
 
 
@@ -68,7 +68,8 @@ class ChunkStore(ABC):
     #: the most bytes one stored chunk may hold, or ``None`` (no limit): a chunk object larger than this is
     #: refused with :class:`~gpuzarr_dist.errors.ChunkReadError` before it is read (local files: before any
     #: allocation). The block reader sets it from the codec chain (``CodecPipeline.stored_limit``: the chunk's
-    #: decoded size plus what its codecs may add); byte ranges of shards are bounded by their index instead.
+    #: decoded size plus what its codecs may add, plus a margin); byte ranges of shards are bounded by their
+    #: index instead.
     object_limit: int | None = None
 
     @abstractmethod

@@ -147,6 +147,15 @@ def auto_gpu_block_bytes(total_memory: int) -> int:
     return max(GPU_BLOCK_MIN, min(GPU_BLOCK_MAX, (total_memory // GPU_BLOCK_SHARE) >> 20 << 20))
 
 
+def max_unsized_chunk_bytes() -> int:
+    """``gpuzarr.max-unsized-chunk`` in bytes: the decoded (and stored) size bound of a chunk whose codec chain
+    does not fix its decoded size."""
+    n = _size_setting("gpuzarr.max-unsized-chunk")
+    if n < 1:
+        raise ValueError(f"gpuzarr.max-unsized-chunk must be a size of at least 1 byte, not {get('gpuzarr.max-unsized-chunk')!r}")
+    return n
+
+
 # --- local reads ------------------------------------------------------------------------------
 
 

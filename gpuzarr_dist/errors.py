@@ -105,3 +105,12 @@ class UnsupportedDtypeError(GpuZarrError, TypeError):
             f"{array}: data type {dtype} cannot be read on the {device.upper()} device (CuPy holds only numbers "
             f"and bools); open it with device=\"cpu\""
         )
+
+
+class BlockTooLargeError(GpuZarrError, MemoryError):
+    """A block larger than the memory of the device that reads it, refused before it is planned or allocated;
+    the message names the array, the block's shape and bytes, and how to read smaller blocks."""
+
+    def __init__(self, array: str, message: str):
+        self.array = array
+        super().__init__(message)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
+from gpuzarr_dist.core.layout import block_memory
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
 from gpuzarr_dist.errors import GpuOutOfMemoryError, UnsupportedDtypeError
@@ -44,7 +45,9 @@ class BlockReader:
         self._pipeline: CodecPipeline | None = None
         if device == "gpu" and not spec.numeric:  # when the graph is built, not when a task runs
             raise UnsupportedDtypeError(spec.name, spec.dtype)
-        CodecPipeline(spec)  # fail early, in the client, on codecs we cannot decode
+        pipeline = CodecPipeline(spec)  # fail early, in the client, on codecs we cannot decode
+        if isinstance(store, ChunkStore) and store.object_limit is None:  # a chunk larger than its codecs make:
+            store.object_limit = pipeline.stored_limit  # refused unread (see ChunkStore.object_limit)
 
     # -- array-like surface used by dask.array.from_array ------------------------
     @property
@@ -89,7 +92,7 @@ class BlockReader:
 
     def __getitem__(self, index: Any) -> Any:
         box, rest = split_fancy(index, self.spec.shape)
-        plan = plan_selection(self.spec, box)
+        plan = plan_selection(self.spec, box, block_memory(self.device))  # a block that cannot fit fails here
         if self.device == "gpu":
             from gpuzarr_dist.cuda.blocks import read_plan_gpu
             from gpuzarr_dist.cuda.memory import is_out_of_memory, out_of_memory_error, release_cached_device_memory

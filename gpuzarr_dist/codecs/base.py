@@ -75,19 +75,6 @@ class BytesBytesCodec(Codec):
     def decode(self, data: Any) -> Any:
         """Decode one chunk's buffer into a buffer (bytes-like or 1-d uint8 array)."""
 
-    def decode_sized(self, data: Any, expected: int | None) -> Any:
-        """:meth:`decode`, where the chain expects ``expected`` decoded bytes (``None``: not known).
-
-        The pipeline calls this one. Codecs that can stop decoding at that size
-        (and fail beyond it) override it; the default decodes and leaves the
-        size to the next codec's check.
-        """
-        return self.decode(data)
-
-    def encoded_size(self, n: int) -> int | None:
-        """The encoded size of ``n`` decoded bytes where it follows from ``n`` alone (checksums), else ``None``."""
-        return None
-
     def encode(self, data: Any) -> Any:
         """Encode one chunk's buffer (the write side); codecs that gpuzarr does not write leave this out."""
         raise NotImplementedError(f"codec {self.name!r}: writing (encode) is not supported")

@@ -439,22 +439,23 @@ def decode_pieces_cpu(plan: BloscPlan, pl: Placement, buf: np.ndarray) -> None:
 
     The inputs are what nvCOMP is given: a raw LZ4 block (decoded through
     numcodecs' LZ4 with its size prefix added), raw deflate (zlib's header
-    and checksum already cut off), a zstd frame.
+    and checksum already cut off), a zstd frame. Each decodes to at most its
+    slot's size (and one byte more for deflate, to tell a longer stream).
     """
-    import numcodecs
+    from gpuzarr_dist.codecs.compressors import DecodeLimit, Zstd
 
-    zstd = numcodecs.Zstd()
+    zstd = Zstd()
     comp = np.flatnonzero(plan.piece_codec != RAW)
     for j, p in enumerate(comp):
         data = buf[pl.gather_dst[j] : pl.gather_dst[j] + pl.gather_len[j]].tobytes()
         n = int(plan.piece_dsize[p])
         code = int(plan.piece_codec[p])
         if code == 1:
-            out = _lz4_block_decode(data, n)
+            out = _lz4_block_decode(data, n)  # into ``n`` bytes
         elif code == 3:
-            out = zlib.decompressobj(-15).decompress(data)
+            out = zlib.decompressobj(-15).decompress(data, n + 1)  # one byte more tells a longer stream
         else:
-            out = bytes(zstd.decode(data))
+            out = bytes(zstd.decode_within(data, DecodeLimit(n, True)))
         if len(out) != n:
             raise ValueError(f"piece {p} decoded to {len(out)} bytes, expected {n}")
         buf[pl.decode_at[p] : pl.decode_at[p] + n] = np.frombuffer(out, np.uint8)

@@ -11,7 +11,7 @@ GPU device an array using one decodes on the CPU and each block is copied up
 once (see :func:`gpuzarr_dist.cuda.decode.gpu_unsupported`).
 
 Output is bounded: a bytes -> bytes codec is told the decoded size the chain
-expects of it where that is known (:meth:`NumcodecsBytesBytes.decode_sized`),
+expects of it where that is known (:meth:`NumcodecsBytesBytes.decode_within`),
 and a filter decodes to its chunk layout's size; ``bz2`` and ``lzma``
 decompress incrementally and stop one byte past that size, the others are
 checked after decoding, before their output is used.
@@ -29,6 +29,7 @@ import numpy as np
 from numcodecs.compat import ensure_ndarray
 
 from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout, Codec
+from gpuzarr_dist.codecs.compressors import DecodeLimit, buffer_nbytes, compressed_bound
 
 #: numcodecs ids that are array -> array codecs (zarr-python 3's ``numcodecs.*`` "filters")
 ARRAY_ARRAY_IDS = frozenset({"delta", "bitround", "fixedscaleoffset", "quantize", "packbits", "astype", "categorize"})
@@ -98,23 +99,24 @@ def _rebuild(cls: type, name: str, config: dict) -> Any:
 class NumcodecsBytesBytes(_Wrapped, BytesBytesCodec):
     """A numcodecs compressor, checksum or byte filter (``bz2``, ``lzma``, ``shuffle``, ``fletcher32`` ...)."""
 
-    def encoded_size(self, n: int) -> int | None:
+    def encoded_limit(self, limit: DecodeLimit) -> DecodeLimit:
+        """Checksums and byte shuffles add a fixed number of bytes (exact where the data's size is); anything
+        else is bounded as a compressor."""
         added = _SIZE_ADDED.get(self.id)
-        return None if added is None else n + added
+        if added is None:
+            return DecodeLimit(compressed_bound(limit.size), False)
+        return DecodeLimit(limit.size + added, limit.exact)
 
     def decode(self, data: Any) -> Any:
-        return self.decode_sized(data, None)
+        return self.impl.decode(data)
 
-    def decode_sized(self, data: Any, expected: int | None) -> Any:
-        """Decode one chunk's buffer; with ``expected``, a result of any other size is an error, and ``bz2`` and
-        ``lzma`` stop decompressing one byte past it (no allocation beyond the chunk's size)."""
-        out = _bounded(self.id, self.impl, data, expected) if expected is not None else None
+    def decode_within(self, data: Any, limit: DecodeLimit) -> Any:
+        """Decode one chunk's buffer within ``limit`` (``ValueError`` beyond it): ``bz2`` and ``lzma`` stop
+        decompressing one byte past it (no allocation beyond the chunk's size), others are checked after."""
+        out = _bounded(self.id, self.impl, data, limit.size)
         if out is None:
             out = self.impl.decode(data)
-        if expected is not None:
-            n = memoryview(out).nbytes if not isinstance(out, np.ndarray) else out.nbytes
-            if n != expected:
-                raise ValueError(f"decoded to {n} bytes, expected {expected}")
+        limit.check(buffer_nbytes(out))
         return out
 
     def encode(self, data: Any) -> Any:

@@ -21,6 +21,14 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.codecs.base import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec, ChunkLayout
+from gpuzarr_dist.codecs.compressors import (
+    DecodeLimit,
+    array_bytes_limit,
+    chain_limits,
+    decode_within,
+    stored_size_limit,
+    unsized_limit,
+)
 from gpuzarr_dist.codecs.registry import get_codec
 from gpuzarr_dist.core.metadata import ArraySpec, CodecSpec, _v3_codecs
 from gpuzarr_dist.errors import ChunkDecodeError, ChunkEncodeError, MetadataError
@@ -66,13 +74,14 @@ class CodecPipeline:
                 c.pass_on = i > 0 and getattr(self.array_array[i - 1], "raw_input", False)  # type: ignore[attr-defined]
         #: the stored size of the raw buffer a numcodecs filter gets (``None``: its encoded size is not known)
         self.expected_raw = layouts[-1].nbytes if self._raw_filter and self.array_array[-1].sized else None  # type: ignore[attr-defined]
-        #: the decoded size each bytes->bytes codec must produce, where the chain says (``None`` where not)
-        self.expected_sizes: list[int | None] = []
-        sized = not self._raw_filter or self.array_array[-1].sized  # type: ignore[attr-defined]
-        size: int | None = layouts[-1].nbytes if self.array_bytes.name == "bytes" and sized else None
-        for c in self.bytes_bytes:
-            self.expected_sizes.append(size)
-            size = c.encoded_size(size) if size is not None else None
+        taken = array_bytes_limit(self.array_bytes, layouts[-1])
+        if self._raw_filter and self.expected_raw is None:  # a filter whose encoded size the chunk does not fix
+            taken = unsized_limit()
+        limits = chain_limits(taken, self.bytes_bytes)
+        #: what each of ``bytes_bytes`` may decode to, and the most bytes a stored chunk may hold before it is
+        #: refused unread (see :mod:`.compressors`)
+        self.decode_limits: list[DecodeLimit] = limits[0]
+        self.stored_limit: int = stored_size_limit(limits[1])
 
     @property
     def codecs(self) -> list:
@@ -82,8 +91,8 @@ class CodecPipeline:
         """Decode one stored chunk on the CPU into an array of the chunk's shape and dtype."""
         codec = None
         try:
-            for codec, expected in zip(reversed(self.bytes_bytes), reversed(self.expected_sizes)):
-                data = codec.decode_sized(data, expected)
+            for codec, limit in zip(reversed(self.bytes_bytes), reversed(self.decode_limits)):
+                data = decode_within(codec, data, limit)  # never more than the chunk should decode to
             codec = self.array_bytes
             if self._raw_filter:  # numcodecs filters view the stored bytes as the type they encoded to
                 arr = _raw_bytes(data, self.expected_raw)

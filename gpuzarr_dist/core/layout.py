@@ -111,3 +111,32 @@ def even_runs(count: int, nbytes: int, limit: int | None) -> list[tuple[int, int
     k = 1 if not limit or limit <= 0 else min(count, max(1, -(-nbytes // limit)))
     bounds = [count * i // k for i in range(k + 1)]
     return [(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def host_memory_available() -> int:
+    """The bytes of host memory available to a new allocation without swapping (Linux ``MemAvailable``, through
+    psutil), or the machine's physical memory where that is not known."""
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # no psutil, or a system it cannot read
+        import os
+
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def block_memory(device: str) -> tuple[int, str] | None:
+    """``(bytes, what)``: the memory a block read on ``device`` must fit in, for
+    :func:`gpuzarr_dist.core.selection.plan_selection`; ``None`` where it is not known.
+
+    ``"cpu"``: the host memory available now (:func:`host_memory_available`);
+    ``"gpu"``: the GPU's total memory (:func:`gpuzarr_dist.cuda.device.gpu_memory_bytes`, which reads the
+    device's properties, no context). A block larger than that cannot be read however the work is spread.
+    """
+    if device == "gpu":
+        from gpuzarr_dist.cuda.device import gpu_memory_bytes
+
+        total = gpu_memory_bytes()
+        return (total, "the GPU's memory") if total else None
+    return host_memory_available(), "the host's available memory"

@@ -149,13 +149,39 @@ def _axis_parts(start: int, stop: int, step: int, chunk: int) -> list[tuple[int,
     return parts
 
 
-def plan_selection(spec: ArraySpec, index: Any) -> Plan:
-    """The chunks ``spec``'s array needs for ``index``, and where each lands."""
+def plan_selection(spec: ArraySpec, index: Any, memory: tuple[int, str] | None = None) -> Plan:
+    """The chunks ``spec``'s array needs for ``index``, and where each lands.
+
+    ``memory``: ``(bytes, what)``, the memory the block must fit in (see
+    :func:`gpuzarr_dist.core.layout.block_memory`); a larger block raises
+    :class:`~gpuzarr_dist.errors.BlockTooLargeError` before anything is planned.
+    """
     axes = _normalize(index, spec.shape)
     out_shape = tuple(max(0, -(-(stop - start) // step)) for start, stop, step, _, _ in axes)
+    if memory is not None:
+        check_block_fits(spec, out_shape, *memory)
     final = tuple(0 if is_int else (slice(None, None, -1) if rev else slice(None)) for _, _, _, is_int, rev in axes)
     per_axis = tuple(tuple(_axis_parts(start, stop, step, c)) for (start, stop, step, _, _), c in zip(axes, spec.chunk_shape))
     return Plan(out_shape, final, per_axis)
+
+
+def check_block_fits(spec: ArraySpec, shape: tuple[int, ...], memory: int, what: str) -> None:
+    """Raise :class:`~gpuzarr_dist.errors.BlockTooLargeError` where a block of ``shape`` holds more bytes than
+    ``memory`` (``what``: which memory, for the message). Planning such a block (one entry per chunk) could take
+    minutes, and it could never be allocated."""
+    nbytes = math.prod(shape) * spec.dtype.itemsize
+    if nbytes <= memory:
+        return
+    from dask.utils import format_bytes
+
+    from gpuzarr_dist.errors import BlockTooLargeError
+
+    raise BlockTooLargeError(
+        spec.name,
+        f"{spec.name}: a block of shape {tuple(shape)} ({format_bytes(nbytes)} of {spec.dtype}) cannot fit in "
+        f"{what} ({format_bytes(memory)}). Read the array in smaller blocks: from_zarr_gpu(..., chunks=...) with "
+        f"fewer elements per block (a multiple of the Zarr chunk shape {tuple(spec.chunk_shape)}), or select less.",
+    )
 
 
 def split_fancy(index: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from gpuzarr_dist.config import io_threads, shard_local_reads
 from gpuzarr_dist.errors import ChunkReadError
 from gpuzarr_dist.runtime.stages import stage_timer
-from gpuzarr_dist.stores.base import staging_layout
+from gpuzarr_dist.stores.base import staging_layout, stored_refusal
 from gpuzarr_dist.stores.ranges import MergedRead
 from gpuzarr_dist.stores.retry import describe, with_retries
 
@@ -72,7 +72,8 @@ class LocalFiles(Protocol):
         """The file of chunk ``key``."""
 
     def size_or_missing(self, key: str) -> int:
-        """The size of chunk ``key``'s file, -1 where there is none."""
+        """The size of chunk ``key``'s file, -1 where there is none; ``ChunkReadError`` for a file that is not a
+        regular file or is larger than the store's ``object_limit``."""
 
     def read_slot(self, key: str, view: memoryview, n: int) -> None:
         """Read chunk ``key`` (``n`` bytes) into ``view`` with its own file handle, retrying transient errors."""
@@ -129,11 +130,16 @@ def read_ranges_into(kvikio: Any, store: LocalFiles, reads: Sequence[MergedRead]
     for r in reads:
         if r.key not in sizes:
             try:
-                sizes[r.key] = os.stat(store.path(r.key)).st_size
+                st = os.stat(store.path(r.key))
             except FileNotFoundError:
                 sizes[r.key] = -1
+                continue
             except OSError as e:
                 raise ChunkReadError(store.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
+            why = stored_refusal(st.st_mode, 0, None, "shard")  # a device or pipe never ends; sizes: the index's
+            if why:
+                raise ChunkReadError(store.array, r.key, why)
+            sizes[r.key] = st.st_size
     files: dict[str, Any] = {}
     futures: list = []
     waited = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -18,6 +19,23 @@ def staging_layout(sizes: Sequence[int], align: int, lead: int = 0) -> tuple[lis
         offsets.append(total + pad)
         total += 0 if n < 0 else (pad + n + align - 1) // align * align
     return offsets, total
+
+
+def stored_refusal(mode: int, size: int, limit: int | None, what: str = "chunk") -> str | None:
+    """Why a stored chunk of file type ``mode`` (``st_mode``) and ``size`` bytes must not be read, or ``None``.
+
+    Only regular files are read (a device such as ``/dev/zero``, a pipe or a socket never ends, or blocks);
+    and none larger than ``limit`` (see :attr:`ChunkStore.object_limit`).
+    """
+    if not stat.S_ISREG(mode):
+        kinds = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a pipe"),
+                 (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+        kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+        return f"the {what}'s file is {kind}, not a regular file; refusing to read it"
+    if limit is not None and size > limit:
+        return (f"the {what}'s file holds {size} bytes, more than a {what} of this array can take stored "
+                f"({limit} bytes: its decoded size, what its codecs may add, and a margin); refusing to read it")
+    return None
 
 
 def check_key(array: str, key: str) -> str:
@@ -46,6 +64,13 @@ class ChunkStore(ABC):
 
     #: what to call the array in messages
     array: str
+
+    #: the most bytes one stored chunk may hold, or ``None`` (no limit): a chunk object larger than this is
+    #: refused with :class:`~gpuzarr_dist.errors.ChunkReadError` before it is read (local files: before any
+    #: allocation). The block reader sets it from the codec chain (``CodecPipeline.stored_limit``: the chunk's
+    #: decoded size plus what its codecs may add, plus a margin); byte ranges of shards are bounded by their
+    #: index instead.
+    object_limit: int | None = None
 
     @abstractmethod
     def read_many(self, keys: Sequence[str]) -> list[bytes | None]:

@@ -14,7 +14,7 @@ from gpuzarr_dist.cuda import files as cufiles  # loads no CUDA library at impor
 from gpuzarr_dist.errors import ChunkReadError
 from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.runtime.threads import io_pool, map_all
-from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout
+from gpuzarr_dist.stores.base import ChunkStore, check_key, staging_layout, stored_refusal
 from gpuzarr_dist.stores.ranges import ByteRange, MergedRead
 from gpuzarr_dist.stores.retry import with_retries
 from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
@@ -23,6 +23,12 @@ from gpuzarr_dist.stores.vectored import ReadTables, available, preadv_table
 _HELD = threading.local()
 #: ranges of at most this many bytes (shard indexes) are read on the calling thread (see ``read_ranges``)
 SMALL_RANGE = 64 * 1024
+#: how chunk files are opened: a pipe opens at once (and is then refused) instead of waiting for a writer
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+
+
+class Refused(OSError):
+    """A chunk file that must not be read (see :func:`.base.stored_refusal`); reported as it is, never retried."""
 
 
 class LocalChunkStore(ChunkStore):
@@ -38,8 +44,17 @@ class LocalChunkStore(ChunkStore):
         return os.path.join(self.root, *check_key(self.array, key).split("/"))
 
     def _read_file(self, path: str) -> bytes:
-        """The bytes of one chunk file (the one place the CPU path touches a file; tests inject faults here)."""
-        with open(path, "rb", buffering=0) as f:
+        """The bytes of one chunk file (the one place the CPU path touches a file; tests inject faults here).
+
+        The open file is checked first (:func:`.base.stored_refusal`): a file that is not a regular file or is
+        larger than :attr:`object_limit` raises :class:`Refused` before anything is read.
+        """
+        fd = os.open(path, OPEN_FLAGS)
+        with open(fd, "rb", buffering=0) as f:
+            st = os.fstat(fd)
+            why = stored_refusal(st.st_mode, st.st_size, self.object_limit)
+            if why:
+                raise Refused(why)
             return f.read()
 
     def _pread(self, fd: int, view: memoryview, n: int) -> int:
@@ -52,6 +67,8 @@ class LocalChunkStore(ChunkStore):
                 return self._read_file(self.path(key))
             except FileNotFoundError:
                 return None
+            except Refused as e:
+                raise ChunkReadError(self.array, key, str(e)) from None
 
         return with_retries(once, self.array, key)
 
@@ -59,7 +76,7 @@ class LocalChunkStore(ChunkStore):
         """Read chunk ``key`` (``n`` bytes) into ``view`` with its own file handle, retrying transient errors."""
 
         def once() -> None:
-            fd = os.open(self.path(key), os.O_RDONLY)
+            fd = os.open(self.path(key), OPEN_FLAGS)
             try:
                 got = self._pread(fd, view, n)
             finally:
@@ -93,7 +110,14 @@ class LocalChunkStore(ChunkStore):
             for key in keys:
                 fd = with_retries(lambda: self._open_or_none(key), self.array, key)
                 fds.append(fd)
-                sizes.append(-1 if fd is None else os.fstat(fd).st_size)
+                if fd is None:
+                    sizes.append(-1)
+                    continue
+                st = os.fstat(fd)
+                why = stored_refusal(st.st_mode, st.st_size, self.object_limit)
+                if why:  # before the staging buffer is sized from it
+                    raise ChunkReadError(self.array, key, why)
+                sizes.append(st.st_size)
             offsets, total = staging_layout(sizes, align, lead)
             timed("files: open + sizes")
             buf = staging(total)
@@ -127,7 +151,7 @@ class LocalChunkStore(ChunkStore):
 
     def _open_or_none(self, key: str) -> int | None:
         try:
-            return os.open(self.path(key), os.O_RDONLY)
+            return os.open(self.path(key), OPEN_FLAGS)
         except FileNotFoundError:
             return None
 
@@ -135,7 +159,7 @@ class LocalChunkStore(ChunkStore):
 
     def _open(self, key: str) -> int | None:
         try:
-            return os.open(self.path(key), os.O_RDONLY)
+            return os.open(self.path(key), OPEN_FLAGS)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -188,10 +212,14 @@ class LocalChunkStore(ChunkStore):
                 fd = fds[r.key]
                 if fd is None:
                     return None
+                if r.offset < 0:  # the index at a shard's end: a shard that is no regular file is refused here
+                    st = os.fstat(fd)
+                    why = stored_refusal(st.st_mode, 0, None, "shard")  # its size: checked against its index
+                    if why:
+                        raise ChunkReadError(self.array, r.key, why)
                 try:
                     if r.offset < 0:
-                        size = os.fstat(fd).st_size
-                        return os.pread(fd, min(-r.offset, size), max(0, size + r.offset))
+                        return os.pread(fd, min(-r.offset, st.st_size), max(0, st.st_size + r.offset))
                     return os.pread(fd, r.length, r.offset)
                 except OSError as e:
                     raise ChunkReadError(self.array, r.key, f"{type(e).__name__}: {e.strerror or e}") from e
@@ -283,11 +311,16 @@ class LocalChunkStore(ChunkStore):
         return got
 
     def size_or_missing(self, key: str) -> int:
-        """The size of chunk ``key``'s file, -1 where there is none."""
+        """The size of chunk ``key``'s file, -1 where there is none; :class:`ChunkReadError` for a file that must
+        not be read (:func:`.base.stored_refusal`)."""
         try:
-            return os.stat(self.path(key)).st_size
+            st = os.stat(self.path(key))
         except FileNotFoundError:
             return -1
+        why = stored_refusal(st.st_mode, st.st_size, self.object_limit)
+        if why:
+            raise ChunkReadError(self.array, key, why)
+        return st.st_size
 
     def token(self) -> str:
         return f"file://{self.root}"

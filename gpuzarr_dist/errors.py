@@ -151,7 +151,9 @@ class ComponentNotFoundError(ArrayNotFoundError, KeyError):
         elif not self.available:
             listing = "it holds no arrays"
         else:
-            listing = f"arrays there: {', '.join(ordered_matches(component, self.available))}"
+            shown = ordered_matches(component, self.available)
+            more = f" and {len(shown) - 20} more" if len(shown) > 20 else ""
+            listing = f"arrays there: {', '.join(shown[:20])}{more}"
             close = difflib.get_close_matches(component, self.available, n=1)
             if close:
                 listing = f"did you mean {close[0]!r}? {listing}"

@@ -17,8 +17,9 @@ from urllib.parse import urlparse
 import numpy as np
 import zarr
 
-from gpuzarr_dist.errors import ArrayExistsError, MetadataError
-from gpuzarr_dist.stores.remote import REMOTE_SCHEMES
+from gpuzarr_dist.core.redact import shows_secret
+from gpuzarr_dist.errors import ArrayExistsError, ChunkWriteError, GpuZarrError, MetadataError
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, store_error_text
 from gpuzarr_dist.stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
 
 #: URL schemes written through obstore (as they are read); other URLs (http, memory, ...) go through fsspec
@@ -109,14 +110,52 @@ def codec_objects(codec: str, level: int | None, crc32c: bool) -> list[Any]:
 
 def _existing(target: Target) -> Any:
     """The array or group at the target, or None."""
-    try:
-        return zarr.open(store=target.store, path=target.path, mode="r")
-    except (FileNotFoundError, KeyError):
-        return None
-    except Exception as e:  # zarr-python's own "not found" errors
-        if "NotFound" in type(e).__name__:
+
+    def look() -> Any:
+        try:
+            return zarr.open(store=target.store, path=target.path, mode="r")
+        except (FileNotFoundError, KeyError):
             return None
+        except Exception as e:  # zarr-python's own "not found" errors
+            if "NotFound" in type(e).__name__:
+                return None
+            raise
+
+    return _through_store(target, look, "looking for an array or group there")
+
+
+def _metadata_key(target: Target) -> str:
+    return join_path(target.path, "zarr.json")
+
+
+def _through_store(target: Target, call: Any, doing: str) -> Any:
+    """``call()``; an object store's own error (unreachable endpoint, refused credentials ...) becomes a
+    :class:`ChunkWriteError` of one paragraph naming the target and its ``zarr.json``, chained to the store's
+    error only where that shows no credential (obstore's messages quote the request, 40 lines of it)."""
+    if target.scrub is None:
+        return call()
+    try:
+        return call()
+    except (GpuZarrError, FileNotFoundError, KeyError):
         raise
+    except Exception as e:
+        if _contains_node(e):
+            raise
+        error = ChunkWriteError(target.name, _metadata_key(target),
+                                f"{store_error_text(e, target.scrub)} (while {doing})")
+        error.__cause__ = None if shows_secret(e, clean=target.scrub) else e
+    raise error  # outside the except: no __context__ to carry what __cause__ leaves out
+
+
+def _contains_node(e: BaseException) -> bool:
+    """Whether ``e`` is zarr-python's refusal to create a node where one exists (ContainsArrayError ...)."""
+    return type(e).__name__ in ("ContainsArrayError", "ContainsGroupError", "ContainsArrayAndGroupError")
+
+
+def _exists_error(target: Target, kind: str) -> ArrayExistsError:
+    hint = "overwrite=True replaces it" + (", resume=True completes an interrupted write of the same array"
+                                           if kind == "array" else "")
+    return ArrayExistsError(f"{target.name}: a Zarr {kind} exists there already ({hint})")
 
 
 def _comparable(meta: Any) -> dict:
@@ -139,7 +178,14 @@ def create_metadata(
     overwrite: bool,
     resume: bool,
 ) -> zarr.Array:
-    """Write (or, with ``resume``, check) the array's ``zarr.json`` through zarr-python; return the array."""
+    """Write (or, with ``resume``, check) the array's ``zarr.json`` through zarr-python; return the array.
+
+    Raises :class:`ArrayExistsError` where an array or group is there (or
+    appears there while this call creates it: of two writers creating the same
+    array at once, the one zarr-python refuses gets this error), unless
+    ``overwrite`` (or ``resume``, for an array); :class:`ChunkWriteError`
+    naming the target where an object store cannot be reached.
+    """
     kwargs = dict(
         shape=shape,
         dtype=dtype,
@@ -154,12 +200,20 @@ def create_metadata(
         **({} if fill_value is None else {"fill_value": fill_value}),
     )
     existing = None if overwrite else _existing(target)
+    if existing is None and not overwrite:
+        try:
+            return _through_store(target, lambda: zarr.create_array(target.store, name=target.path or None,
+                                                                    overwrite=False, **kwargs), "writing it")
+        except Exception as e:  # another writer created a node there since _existing looked
+            if not _contains_node(e):
+                raise
+            kind = "group" if "Group" in type(e).__name__ and "Array" not in type(e).__name__ else "array"
+            existing = _existing(target) if resume else None
+            if existing is None:
+                raise _exists_error(target, kind) from e
     if existing is not None:
         if not resume or not isinstance(existing, zarr.Array):
-            kind = "array" if isinstance(existing, zarr.Array) else "group"
-            hint = "overwrite=True replaces it" + (", resume=True completes an interrupted write of the same array"
-                                                   if kind == "array" else "")
-            raise ArrayExistsError(f"{target.name}: a Zarr {kind} exists there already ({hint})")
+            raise _exists_error(target, "array" if isinstance(existing, zarr.Array) else "group")
         wanted = zarr.create_array(zarr.storage.MemoryStore(), **kwargs)
         a, b = _comparable(existing.metadata), _comparable(wanted.metadata)
         if a != b:
@@ -169,4 +223,5 @@ def create_metadata(
                 f"field(s) {diff}: existing {[a.get(k) for k in diff]}, wanted {[b.get(k) for k in diff]}"
             )
         return existing
-    return zarr.create_array(target.store, name=target.path or None, overwrite=overwrite, **kwargs)
+    return _through_store(target, lambda: zarr.create_array(target.store, name=target.path or None, overwrite=True,
+                                                            **kwargs), "writing it")

@@ -147,17 +147,17 @@ class ComponentNotFoundError(ArrayNotFoundError, KeyError):
         self.available = None if available is None else list(available)
         where = where or array
         if self.available is None:
-            listing = "the store cannot list its arrays"
+            listing = f"{where} cannot list its arrays"
         elif not self.available:
-            listing = "it holds no arrays"
+            listing = f"{where} holds no arrays"
         else:
             shown = ordered_matches(component, self.available)
             more = f" and {len(shown) - 20} more" if len(shown) > 20 else ""
-            listing = f"arrays there: {', '.join(shown[:20])}{more}"
+            listing = f"arrays in {where}: {', '.join(shown[:20])}{more}"
             close = difflib.get_close_matches(component, self.available, n=1)
             if close:
                 listing = f"did you mean {close[0]!r}? {listing}"
-        super().__init__(array, f"No Zarr array {component!r} in {where}; {listing}")
+        super().__init__(array, f"No Zarr array at {array} (component {component!r}); {listing}")
 
 
 def ordered_matches(name: str, candidates: list[str]) -> list[str]:

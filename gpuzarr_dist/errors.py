@@ -197,7 +197,8 @@ class MissingDependencyError(GpuZarrError, ModuleNotFoundError):
 #: how to install the GPU stack: gpuzarr-dist is installed from its source, not from a package index
 GPU_INSTALL_HINT = (
     "install the GPU extra from a gpuzarr-dist checkout (pip install '.[gpu]'), or the GPU packages for your CUDA "
-    "version: cupy-cuda13x (or cupy-cuda12x), nvidia-nvcomp-cu13 (or -cu12), kvikio-cu13 (or -cu12) and dask-cuda"
+    "version: cupy-cuda13x, nvidia-nvcomp-cu13 and kvikio-cu13 (CUDA 13) or cupy-cuda12x, nvidia-nvcomp-cu12 and "
+    "kvikio-cu12 (CUDA 12), and dask-cuda"
 )
 
 

@@ -72,7 +72,8 @@ def test_creation_race_with_resume_continues(tmp_path, monkeypatch):
 
 
 def test_concurrent_writers_of_one_array(tmp_path):
-    """Writers started at once on one new array: each either writes it or gets ArrayExistsError."""
+    """Writers started at once on one new array (local disk): exactly one writes it, the others get
+    ArrayExistsError."""
     path = str(tmp_path / "a.zarr")
     data = np.arange(64.0).reshape(8, 8)
     n = 6
@@ -93,8 +94,19 @@ def test_concurrent_writers_of_one_array(tmp_path):
         t.join(120)
     errors = [e for e in outcomes if e is not None]
     assert all(isinstance(e, gz.ArrayExistsError) for e in errors), [type(e).__name__ for e in errors]
-    assert len(errors) < n
+    assert len(errors) == n - 1
     np.testing.assert_array_equal(zarr.open_array(path, mode="r")[:], data)
+
+
+def test_creating_an_array_in_a_group_keeps_the_group(tmp_path):
+    path = str(tmp_path / "g.zarr")
+    zarr.open_group(path, mode="w").attrs["title"] = "kept"
+    gz.to_zarr_gpu(np.arange(4.0), path, component="surface/t2m", chunks=(2,), device="cpu")
+    group = zarr.open_group(path, mode="r")
+    assert group.attrs["title"] == "kept"
+    assert isinstance(group["surface"], zarr.Group)
+    np.testing.assert_array_equal(group["surface/t2m"][:], np.arange(4.0))
+    assert _temporaries(path) == []
 
 
 # --------------------------------------------------------------------------- compute=False, failed writes

@@ -10,6 +10,7 @@ a ``codec=`` name stands for.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
@@ -112,16 +113,25 @@ def _existing(target: Target) -> Any:
     """The array or group at the target, or None."""
 
     def look() -> Any:
-        try:
-            return zarr.open(store=target.store, path=target.path, mode="r")
-        except (FileNotFoundError, KeyError):
-            return None
-        except Exception as e:  # zarr-python's own "not found" errors
-            if "NotFound" in type(e).__name__:
+        for attempt in range(_TORN_READ_TRIES):
+            try:
+                return zarr.open(store=target.store, path=target.path, mode="r")
+            except (FileNotFoundError, KeyError):
                 return None
-            raise
+            except Exception as e:  # zarr-python's own "not found" errors
+                if "NotFound" in type(e).__name__:
+                    return None
+                # another writer's zarr.json half written (zarr-python writes it in place): read it again
+                torn = _contains_node(e) or isinstance(e, ValueError)
+                if not torn or attempt + 1 == _TORN_READ_TRIES:
+                    raise
+            time.sleep(0.01 * (attempt + 1))
 
     return _through_store(target, look, "looking for an array or group there")
+
+
+#: reads of a node's metadata while another writer may be writing it (zarr-python writes zarr.json in place)
+_TORN_READ_TRIES = 8
 
 
 def _metadata_key(target: Target) -> str:
@@ -156,6 +166,50 @@ def _exists_error(target: Target, kind: str) -> ArrayExistsError:
     hint = "overwrite=True replaces it" + (", resume=True completes an interrupted write of the same array"
                                            if kind == "array" else "")
     return ArrayExistsError(f"{target.name}: a Zarr {kind} exists there already ({hint})")
+
+
+def _create_local_exclusive(target: Target, kwargs: dict) -> zarr.Array | None:
+    """Create the array on a local disk so that of two writers creating it at once exactly one succeeds: its
+    ``zarr.json`` (made by zarr-python in memory) appears whole, by a hard link that fails where the file
+    exists, and the other writer gets zarr-python's ``ContainsArrayError``. Missing parent groups are written
+    the same way (a parent that exists is kept). ``None`` where the filesystem has no hard links (then
+    zarr-python creates it, without that guarantee)."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+    from zarr.errors import ContainsArrayError
+
+    from gpuzarr_dist.stores.writer import _temp_tag
+
+    memory = zarr.storage.MemoryStore()
+    zarr.create_array(memory, name=target.path or None, **kwargs)
+    parts = [p for p in target.path.split("/") if p]
+    parents = ["/".join(parts[:i]) for i in range(len(parts))]
+    proto = default_buffer_prototype()
+    docs = []
+    for node in [*parents, target.path]:
+        key = join_path(node, "zarr.json")
+        buf = sync(memory.get(key, prototype=proto))
+        if buf is not None:
+            docs.append((key, buf.to_bytes(), node == target.path))
+    for key, data, is_array in docs:
+        path = os.path.join(target.local_root, *key.split("/"))
+        folder = os.path.dirname(path)
+        os.makedirs(folder, exist_ok=True)
+        if is_array and any(os.path.exists(os.path.join(folder, n)) for n in (".zarray", ".zgroup")):
+            raise ContainsArrayError(f"a Zarr v2 node exists at {target.name}")
+        tmp = os.path.join(folder, f".zarr.json.{_temp_tag()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            if is_array:
+                raise ContainsArrayError(f"an array or group exists at {target.name}") from None
+        except OSError:  # no hard links here (some network and FUSE filesystems)
+            return None
+        finally:
+            os.unlink(tmp)
+    return zarr.open_array(store=target.store, path=target.path, mode="r+")
 
 
 def _comparable(meta: Any) -> dict:
@@ -201,9 +255,15 @@ def create_metadata(
     )
     existing = None if overwrite else _existing(target)
     if existing is None and not overwrite:
+        def create() -> zarr.Array:
+            if target.local_root is not None:
+                made = _create_local_exclusive(target, kwargs)
+                if made is not None:
+                    return made
+            return zarr.create_array(target.store, name=target.path or None, overwrite=False, **kwargs)
+
         try:
-            return _through_store(target, lambda: zarr.create_array(target.store, name=target.path or None,
-                                                                    overwrite=False, **kwargs), "writing it")
+            return _through_store(target, create, "writing it")
         except Exception as e:  # another writer created a node there since _existing looked
             if not _contains_node(e):
                 raise

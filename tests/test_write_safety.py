@@ -248,3 +248,20 @@ def test_unreachable_object_store_chunk_write_is_one_line():
         t.writer(t.name).put_many([("c/0", b"abc")])
     assert len(str(info.value).splitlines()) == 1 and "c/0" in str(info.value)
     assert SECRET not in _everything_shown(info.value)
+
+
+def test_password_quoted_by_a_zarr_store_is_in_no_chunk_read_error():
+    """A zarr-python store (fsspec, ...) whose error quotes a URL with a password: redacted, not chained."""
+
+    class Leaky(zarr.storage.MemoryStore):
+        async def get(self, key, prototype=None, byte_range=None):
+            if key == "c/1":  # one chunk: one failed request
+                raise OSError(f"GET https://reader:{SECRET}@data.example/{key}: connection reset")
+            return await super().get(key, prototype, byte_range)
+
+    store = Leaky()
+    zarr.create_array(store, shape=(4,), chunks=(2,), dtype="f8")
+    with pytest.raises(gz.ChunkReadError) as info:
+        gz.from_zarr_gpu(store, device="cpu").compute()
+    assert "'c/1'" in str(info.value) and "***" in str(info.value)
+    assert SECRET not in _everything_shown(info.value)

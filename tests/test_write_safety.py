@@ -265,3 +265,13 @@ def test_password_quoted_by_a_zarr_store_is_in_no_chunk_read_error():
         gz.from_zarr_gpu(store, device="cpu").compute()
     assert "'c/1'" in str(info.value) and "***" in str(info.value)
     assert SECRET not in _everything_shown(info.value)
+
+
+def test_unreachable_http_write_names_the_target_without_its_password():
+    port = free_port()
+    with pytest.raises(gz.ChunkWriteError) as info:
+        gz.to_zarr_gpu(np.arange(4.0), f"http://writer:{SECRET}@127.0.0.1:{port}/out.zarr", device="cpu")
+    message = str(info.value)
+    assert f"http://127.0.0.1:{port}/out.zarr" in message and "did not answer" in message
+    assert len(message.splitlines()) == 1
+    assert SECRET not in _everything_shown(info.value)

@@ -23,6 +23,7 @@ from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
 from gpuzarr_dist.core.redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
 from gpuzarr_dist.errors import (
     ArrayNotFoundError,
+    ChunkReadError,
     ComponentNotFoundError,
     MetadataError,
     NotAnArrayError,
@@ -30,7 +31,7 @@ from gpuzarr_dist.errors import (
 )
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.local import LocalChunkStore
-from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url, store_error_text, unreachable
 from gpuzarr_dist.stores.sharded import ShardedChunkStore
 from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
 
@@ -263,6 +264,8 @@ def _from_remote(url: str, component: str | None, storage_options: dict | None) 
             kind = type(e).__name__
             if "NotFound" in kind:
                 raise ArrayNotFoundError(name) from None
+            if unreachable(e):  # not the metadata's fault: say that the store did not answer
+                raise ChunkReadError(name, "zarr.json", store_error_text(e, root.scrub)) from None
             raise MetadataError(f"{name}: could not read the Zarr metadata: {root.scrub(str(e).splitlines()[0] if str(e) else kind)}") from None
 
     arr = _open_array(opener, name, name, not_found=(FileNotFoundError, KeyError), component=component,

@@ -20,7 +20,7 @@ import zarr
 
 from gpuzarr_dist.core.redact import shows_secret
 from gpuzarr_dist.errors import ArrayExistsError, ChunkWriteError, GpuZarrError, MetadataError
-from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, store_error_text
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, safe_url, store_error_text
 from gpuzarr_dist.stores.writer import LocalObjectWriter, ObjectWriter, ZarrStoreWriter
 
 #: URL schemes written through obstore (as they are read); other URLs (http, memory, ...) go through fsspec
@@ -38,7 +38,7 @@ class Target:
     path: str  # the array's path inside it
     name: str  # for messages (no credentials)
     local_root: str | None  # the store's folder on a local disk, or None
-    scrub: Any = None  # credentials out of the store's error texts (object stores), or None
+    scrub: Any = None  # credentials out of the store's error texts (remote stores), or None
 
     def writer(self, array: str) -> ObjectWriter:
         """The object writer for the data of the array at :attr:`path` (``array`` names it in errors)."""
@@ -71,7 +71,7 @@ def open_target(target: Any, component: str | None, storage_options: dict | None
             store = zarr.storage.LocalStore(root)
             return Target(store, join_path(component), os.path.join(root, join_path(component)) if component else root,
                           root)
-        shown = f"{url.scheme}://{url.hostname or ''}{url.path}"  # no credentials from the URL
+        shown = safe_url(target)  # no credentials or query from the URL
         name = f"{shown.rstrip('/')}/{component}" if component else shown
         if url.scheme in OBJECT_WRITE_SCHEMES:  # the reads' obstore client: same options, environment and messages
             from gpuzarr_dist.stores.remote import ObjectChunkStore
@@ -80,7 +80,7 @@ def open_target(target: Any, component: str | None, storage_options: dict | None
             return Target(zarr.storage.ObjectStore(root.store, read_only=False), join_path(component), name, None,
                           root.scrub)
         store = zarr.storage.FsspecStore.from_url(target, storage_options=storage_options, read_only=False)
-        return Target(store, join_path(component), name, None)
+        return Target(store, join_path(component), name, None, _scrubber(target, storage_options))
     if isinstance(target, zarr.Group):
         if not component:
             raise ValueError("to_zarr_gpu into a zarr.Group needs component= naming the new array")
@@ -90,6 +90,14 @@ def open_target(target: Any, component: str | None, storage_options: dict | None
         name = f"{target}/{component}" if component else str(target)
         return Target(target, join_path(component), name, root)
     raise TypeError(f"target must be a path, URL, zarr.Group or zarr store, not {type(target).__name__}")
+
+
+def _scrubber(url: str, storage_options: dict | None) -> Any:
+    """A function taking the credentials of ``url`` and ``storage_options`` (and any URL password) out of a text."""
+    from gpuzarr_dist.core.redact import option_secrets, redact_text, scrub, url_secrets
+
+    secrets = url_secrets(url) + option_secrets(storage_options)
+    return lambda text: redact_text(scrub(text, secrets))
 
 
 def codec_objects(codec: str, level: int | None, crc32c: bool) -> list[Any]:

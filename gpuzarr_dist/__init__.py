@@ -18,14 +18,20 @@ from gpuzarr_dist.array.windows import WindowSampler, sample_windows
 from gpuzarr_dist.cuda.device import gpu_available, resolve_device
 from gpuzarr_dist.errors import (
     ArrayExistsError,
+    ArrayNotFoundError,
     ChunkDecodeError,
     ChunkEncodeError,
     ChunkReadError,
     ChunkWriteError,
+    ComponentNotFoundError,
     DeviceUnavailableError,
     GpuOutOfMemoryError,
     GpuZarrError,
+    GroupNotFoundError,
     MetadataError,
+    MissingDependencyError,
+    NotAGroupError,
+    NotAnArrayError,
     UnsupportedCodecError,
 )
 from gpuzarr_dist.xarray.backend import open_dataset
@@ -36,14 +42,20 @@ _da.from_zarr_gpu = from_zarr_gpu
 
 __all__ = [
     "ArrayExistsError",
+    "ArrayNotFoundError",
     "ChunkDecodeError",
     "ChunkEncodeError",
     "ChunkWriteError",
     "ChunkReadError",
+    "ComponentNotFoundError",
     "DeviceUnavailableError",
     "GpuOutOfMemoryError",
     "GpuZarrError",
+    "GroupNotFoundError",
     "MetadataError",
+    "MissingDependencyError",
+    "NotAGroupError",
+    "NotAnArrayError",
     "UnsupportedCodecError",
     "__version__",
     "from_zarr_gpu",

@@ -326,8 +326,8 @@ def _stored_bytes(store: Any, spec: Any, limit: int = 100_000) -> int | None:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    from gpuzarr_dist.errors import GpuZarrError
-    from gpuzarr_dist.stores.source import open_source
+    from gpuzarr_dist.errors import ComponentNotFoundError, GpuZarrError
+    from gpuzarr_dist.stores.source import bad_document_error, open_source
 
     if args.path is None:
         _print_machine()
@@ -343,10 +343,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
         store, spec = open_source(source, args.component)
         _print_array(spec, _stored_bytes(store, spec), name)
         _print_gpus("  ")
+    except ComponentNotFoundError as e:  # lists the arrays there
+        raise _CliError(str(e)) from e
     except FileNotFoundError as e:
         raise _CliError(f"no Zarr array or group at {name}") from e
     except (GpuZarrError, ValueError, OSError) as e:
-        raise _CliError(str(e)) from e
+        damaged = bad_document_error(source, e)  # a member's document that is not JSON: name the file
+        raise _CliError(str(damaged or e)) from e
     return 0
 
 

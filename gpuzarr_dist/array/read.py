@@ -71,10 +71,20 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool 
     if isinstance(chunks, str):  # e.g. "512 MiB": a block size to aim for, still chunk-aligned
         from dask.utils import parse_bytes
 
-        return normalize_chunks(auto_block_shape(spec, int(parse_bytes(chunks))), spec.shape)
+        try:
+            size = int(parse_bytes(chunks))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{spec.name}: from_zarr_gpu chunks={chunks!r} is neither 'auto' nor a byte size "
+                             f"such as '512 MiB': {e}") from e
+        return normalize_chunks(auto_block_shape(spec, size), spec.shape)
+    _check_chunks(spec, chunks)
     # "auto" entries inside explicit chunks (e.g. {0: "auto"}) size by our block size, not dask's chunk-size
-    out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.read_unit,
-                           limit=config.block_size_bytes(device, gpu_memory_bytes))
+    try:
+        out = normalize_chunks(chunks, spec.shape, dtype=spec.dtype, previous_chunks=spec.read_unit,
+                               limit=config.block_size_bytes(device, gpu_memory_bytes))
+    except (ValueError, TypeError, ZeroDivisionError) as e:
+        raise ValueError(f"{spec.name}: from_zarr_gpu chunks={chunks!r} does not fit the array's shape "
+                         f"{spec.shape}: {e}") from e
     what = "shard" if spec.shard_shape else "chunk"
     for ax, (bs, c) in enumerate(zip(out, spec.read_unit)):
         if any(b % c for b in bs[:-1]):
@@ -85,6 +95,31 @@ def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool 
             )
             break
     return out
+
+
+def _check_chunks(spec: ArraySpec, chunks: Any) -> None:
+    """A ``ValueError`` naming the array, the axis and the argument for a block size dask would misread
+    (``-3`` gives dask's "Empty tuples are not allowed", ``0`` a ``ZeroDivisionError``)."""
+    import numbers
+
+    if isinstance(chunks, dict):
+        per_axis = [(ax, v) for ax, v in chunks.items() if isinstance(ax, int) and -spec.ndim <= ax < spec.ndim]
+    elif isinstance(chunks, (tuple, list)):
+        per_axis = list(enumerate(chunks))
+    else:
+        per_axis = [(ax, chunks) for ax in range(spec.ndim)]
+    for ax, v in per_axis:
+        if ax >= spec.ndim:  # more entries than axes: normalize_chunks says so
+            break
+        n = spec.shape[ax]
+        sizes = v if isinstance(v, (tuple, list)) else [v]
+        for b in sizes:
+            if isinstance(b, numbers.Integral) and not isinstance(b, bool) and (b < -1 or (b == 0 and n > 0)):
+                raise ValueError(
+                    f"{spec.name}: from_zarr_gpu chunks={chunks!r}: block size {int(b)} on axis {ax} (length {n}) "
+                    "is not valid; give a positive block size, -1 or None for the whole axis, 'auto', or a tuple "
+                    f"of block sizes that add up to {n}"
+                )
 
 
 def _meta(dtype: np.dtype, ndim: int, device: str) -> Any:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import warnings
 from typing import Any
 
@@ -43,8 +44,9 @@ from gpuzarr_dist.codecs.encode import BlockEncoder, CpuBlockEncoder, SubBatch, 
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.core.layout import block_shape, even_runs, plan_layout
 from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
+from gpuzarr_dist.core.redact import scrub_error
 from gpuzarr_dist.stores.target import Target, codec_objects, create_metadata, open_target
-from gpuzarr_dist.stores.writer import ObjectWriter
+from gpuzarr_dist.stores.writer import LocalObjectWriter, ObjectWriter, remove_stale_temporaries, settle
 
 # --------------------------------------------------------------------------- layout
 
@@ -163,10 +165,12 @@ class BlockWriter:
     def run_batches(self, encoder: BlockEncoder, batches: list[SubBatch]) -> int:
         """Encode and write ``batches`` in order, launching each encode before the previous batch's writes."""
         total = 0
-        # the objects' folders are made (on a few background threads) while the block is encoded
-        self.writer.prepare([k for b in batches for k in b.object_keys])
-        pending = encoder.launch(batches[0].sel, batches[0].keys) if batches else None
+        # the objects' folders are made (on a few background threads) while the block is encoded; all of that
+        # ends before this task does (settle), so no folder is made after the task returns or fails
+        folders = self.writer.prepare([k for b in batches for k in b.object_keys])
+        pending = None
         try:
+            pending = encoder.launch(batches[0].sel, batches[0].keys) if batches else None
             for k, batch in enumerate(batches):
                 encoded = encoder.finish(pending)
                 pending = None
@@ -175,8 +179,11 @@ class BlockWriter:
                 total += self.writer.put_many(batch.objects(self, encoded))
                 del encoded
         finally:
-            if pending is not None:  # a write failed: let the launched encode finish before its buffers go
-                encoder.abandon(pending)
+            try:
+                if pending is not None:  # a write failed: let the launched encode finish before its buffers go
+                    encoder.abandon(pending)
+            finally:
+                settle(folders)
         return total
 
     def chunk_layout(self, shape: tuple[int, ...], start: tuple[int, ...]) -> tuple[tuple[int, ...], list[int], list[tuple[int, ...]]]:
@@ -284,11 +291,16 @@ def write_array_graph(
     *,
     device: str = "auto",
     resume: bool = False,
+    folders: FolderPrefetch | None = None,
 ) -> da.Array:
     """The write graph of ``x`` into the existing Zarr array ``arr``: a 0-d dask array of the bytes stored.
 
     One task per (aligned) block: compute, encode in one batch, write. With
-    ``resume``, blocks whose stored objects all exist already are left out.
+    ``resume``, blocks whose stored objects all exist already are left out,
+    and the temporary files of a killed write are removed from the array's
+    folder (local stores). ``folders``: where given, the objects' folders are
+    added to it, to be made ahead while the graph computes (``with folders:
+    graph.compute()``); building the graph makes no folder.
     """
     spec = spec_from_zarr_metadata(arr.metadata, target.name)
     if tuple(x.shape) != spec.shape:
@@ -301,9 +313,12 @@ def write_array_graph(
     written = da.map_blocks(writer, x, dtype=np.int64, chunks=tuple((1,) * len(c) for c in x.chunks), name=name,
                             meta=meta)
     keys = list(np.ndindex(*x.numblocks)) if x.ndim else [()]
-    _prefetch_folders(writer.writer, spec, x.chunks, keys)
     if resume:
+        if isinstance(writer.writer, LocalObjectWriter) and os.path.isdir(writer.writer.root):
+            remove_stale_temporaries(writer.writer.root)
         keys = [k for k in keys if not all(writer.writer.existing(_block_objects(spec, x.chunks, k)))]
+    if folders is not None:
+        folders.add(writer.writer, spec, x.chunks, keys)
     final = "to-zarr-gpu-done-" + tokenize(name, keys)
     layer = {(final,): Task((final,), _total, *(TaskRef((name, *k)) for k in keys))}
     graph = HighLevelGraph.from_collections(final, layer, dependencies=[written])
@@ -314,8 +329,37 @@ def write_array_graph(
 PREFETCH_FOLDERS_MAX = 100_000
 
 
-def _prefetch_folders(writer: Any, spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], blocks: list) -> None:
-    """Start making every object's folder now, in block order, on background threads (local stores only).
+class FolderPrefetch:
+    """The folders of one or more write graphs, made ahead on background threads while the graphs compute.
+
+    ``with folders: graph.compute()`` starts making them on entry and, on
+    exit (the computation done or failed), cancels what has not started and
+    waits for the rest: no folder is made after the block ends, so a target
+    deleted after a failed write stays deleted. A write whose folder is not
+    made yet makes it itself.
+    """
+
+    def __init__(self) -> None:
+        self._plans: list[tuple[Any, ArraySpec, tuple[tuple[int, ...], ...], list]] = []
+        self._futures: list[Any] = []
+
+    def add(self, writer: Any, spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], blocks: list) -> None:
+        """Add the folders of ``blocks`` (written by ``writer`` in blocks of ``chunks``) to make on entry."""
+        self._plans.append((writer, spec, chunks, list(blocks)))
+
+    def __enter__(self) -> FolderPrefetch:
+        for plan in self._plans:
+            self._futures += _prefetch_folders(*plan)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        futures, self._futures = self._futures, []
+        settle(futures)
+
+
+def _prefetch_folders(writer: Any, spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], blocks: list) -> list:
+    """Start making every object's folder now, in block order, on background threads (local stores only);
+    the futures (for :func:`~gpuzarr_dist.stores.writer.settle`).
 
     ``mkdir`` in one parent folder runs one at a time, so a write that first
     makes its own folder waits behind the others' (about three times slower
@@ -324,11 +368,11 @@ def _prefetch_folders(writer: Any, spec: ArraySpec, chunks: tuple[tuple[int, ...
     :meth:`prepare`: a write whose folder is not there yet makes it.
     """
     if type(writer).prepare is ObjectWriter.prepare or not blocks:
-        return
+        return []
     n = math.prod(-(-sum(c) // u) for c, u in zip(chunks, spec.read_unit)) if chunks else 1
     if n > PREFETCH_FOLDERS_MAX:
-        return
-    writer.prepare([k for b in blocks for k in _block_objects(spec, chunks, b)])
+        return []
+    return writer.prepare([k for b in blocks for k in _block_objects(spec, chunks, b)])
 
 
 def _block_objects(spec: ArraySpec, chunks: tuple[tuple[int, ...], ...], block: tuple[int, ...]) -> list[str]:
@@ -383,15 +427,33 @@ def to_zarr_gpu(
     if dask.config.get("array.query-planning", None):
         warnings.warn("dask's array query planning is on: it does not fuse blockwise layers, so each block's "
                       "compute and write run as separate tasks", stacklevel=3)
-    t = open_target(target, component, storage_options)
-    chunk, shard = plan_layout(x, chunks, shards)
-    arr = create_metadata(
-        t, shape=tuple(x.shape), dtype=dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype,
-        chunk=chunk, shard=shard, compressors=codec_objects(codec, level, crc32c), fill_value=fill_value,
-        attributes=attributes, dimension_names=dimension_names, overwrite=overwrite, resume=resume,
-    )
-    result = write_array_graph(x, arr, t, device=device, resume=resume)
-    if not compute:
-        return result
-    result.compute()
-    return zarr.open_array(store=t.store, path=t.path, mode="r")
+    secrets = _target_secrets(target, storage_options)
+    try:
+        t = open_target(target, component, storage_options)
+        chunk, shard = plan_layout(x, chunks, shards)
+        arr = create_metadata(
+            t, shape=tuple(x.shape), dtype=dtype.newbyteorder("=") if dtype.byteorder in "<>" else dtype,
+            chunk=chunk, shard=shard, compressors=codec_objects(codec, level, crc32c), fill_value=fill_value,
+            attributes=attributes, dimension_names=dimension_names, overwrite=overwrite, resume=resume,
+        )
+        folders = FolderPrefetch() if compute else None  # compute=False: the tasks make their own folders
+        result = write_array_graph(x, arr, t, device=device, resume=resume, folders=folders)
+        if not compute:
+            return result
+        with folders:
+            result.compute()
+        return zarr.open_array(store=t.store, path=t.path, mode="r")
+    except Exception as e:  # a store library's message or chained error may quote the URL's credentials
+        raise scrub_error(e, secrets)  # noqa: B904 (the same exception, its message scrubbed)
+
+
+def _target_secrets(target: Any, storage_options: dict | None) -> list[str]:
+    """The credentials in a target URL and its ``storage_options``, kept out of logs (from now on) and errors."""
+    from gpuzarr_dist.core.redact import install_log_filter, option_secrets, url_secrets
+
+    secrets = option_secrets(storage_options)
+    if isinstance(target, str):
+        secrets += url_secrets(target)
+    if secrets:
+        install_log_filter(secrets)
+    return secrets

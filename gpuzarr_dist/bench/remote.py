@@ -103,7 +103,7 @@ def run(args) -> int:
         import boto3
         import moto.server  # noqa: F401
     except ImportError:
-        print("bench remote needs moto[server] and boto3 (pip install 'gpuzarr-dist[test]')")
+        print("bench remote needs moto[server] and boto3 (from a gpuzarr-dist checkout: pip install '.[test]')")
         return 2
     device = resolve_device(getattr(args, "device", "auto") or "auto")
     quick = bool(getattr(args, "quick", False))

@@ -85,32 +85,66 @@ def scrub(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def scrub_exception(error: BaseException, secrets: Iterable[str]) -> BaseException:
-    """``error`` itself if no secret shows in its message; otherwise drop the chained cause that holds it."""
+def error_chain(error: BaseException | None, limit: int = 32) -> list[BaseException]:
+    """``error`` and every error chained below it (``__cause__`` and ``__context__``, shown or suppressed)."""
+    out: list[BaseException] = []
+    todo = [error]
+    while todo and len(out) < limit:
+        e = todo.pop()
+        if e is None or any(e is seen for seen in out):
+            continue
+        out.append(e)
+        todo += [e.__context__, e.__cause__]
+    return out
+
+
+def error_text(error: BaseException) -> str:
+    """Everything an error shows of itself: its message, its arguments and (for ``OSError``) its file names."""
+    parts = [str(error), repr(error.args)]
+    if isinstance(error, OSError):
+        parts += [str(error.filename), str(error.filename2), str(error.strerror)]
+    note = getattr(error, "__notes__", None)
+    if note:
+        parts += [str(n) for n in note]
+    return "\n".join(parts)
+
+
+def shows_secret(error: BaseException | None, secrets: Iterable[str] = (), clean: Any = None) -> bool:
+    """Whether ``error`` or an error chained below it (shown or suppressed) shows a credential: one of
+    ``secrets``, a URL password, a secret-looking query value, or text that ``clean`` (a scrub function) changes."""
     secrets = [s for s in secrets if s and len(s) >= 4]
-    if not secrets:
-        return error
-    chain, e = [], error.__cause__ or error.__context__
-    while e is not None and len(chain) < 10:
-        chain.append(e)
-        e = e.__cause__ or e.__context__
-    if any(re.search(re.escape(s), str(c) + repr(c.args)) for c in chain for s in secrets):
-        error.__cause__ = None
-        error.__suppress_context__ = True
+    for e in error_chain(error):
+        text = error_text(e)
+        if any(s in text for s in secrets) or redact_text(text) != text or (clean is not None and clean(text) != text):
+            return True
+    return False
+
+
+def scrub_exception(error: BaseException, secrets: Iterable[str], clean: Any = None) -> BaseException:
+    """``error`` with every chained error that shows a credential cut off (``__cause__`` and ``__context__``,
+    suppressed ones included: a debugger or ``traceback.TracebackException`` still reaches those)."""
+    secrets = [s for s in secrets if s and len(s) >= 4]
+    for e in error_chain(error):
+        for attr in ("__cause__", "__context__"):
+            below = getattr(e, attr)
+            if below is not None and shows_secret(below, secrets, clean):
+                setattr(e, attr, None)
+                e.__suppress_context__ = True
     return error
 
 
 def scrub_error(error: BaseException, secrets: Iterable[str]) -> BaseException:
     """``error`` with the secrets scrubbed from its message (in place) and from its displayed chain."""
     secrets = [s for s in secrets if s and len(s) >= 4]
-    if not secrets:
-        return error
-    error.args = tuple(scrub(a, secrets) if isinstance(a, str) else a for a in error.args)
+
+    def clean(text: str) -> str:
+        return redact_text(scrub(text, secrets))
+
+    error.args = tuple(clean(a) if isinstance(a, str) else a for a in error.args)
     if isinstance(error, OSError):
-        if isinstance(error.strerror, str):
-            error.strerror = scrub(error.strerror, secrets)
-        if isinstance(error.filename, str):
-            error.filename = scrub(error.filename, secrets)
+        for attr in ("strerror", "filename", "filename2"):
+            if isinstance(getattr(error, attr), str):
+                setattr(error, attr, clean(getattr(error, attr)))
     return scrub_exception(error, secrets)
 
 

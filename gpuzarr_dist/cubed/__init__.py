@@ -14,10 +14,14 @@ Cubed reads its array backend from ``CUBED_BACKEND_ARRAY_API_MODULE`` once,
 at import: call :func:`spec` (or :func:`use_backend`) before anything imports
 cubed. Importing this package does not import cubed; the executors and the
 progress bar are loaded on first use, after the backend is set for ``"auto"``.
+Where cubed is not installed, importing this package raises
+:class:`~gpuzarr_dist.errors.MissingDependencyError` (an ``ImportError``)
+saying how to install the ``cubed`` extra.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from gpuzarr_dist.cubed.backend import CubedBackendError, use_backend, worker_environ
@@ -25,6 +29,24 @@ from gpuzarr_dist.cubed.memory import default_reserved_mem
 from gpuzarr_dist.cubed.output import to_zarr
 from gpuzarr_dist.cubed.reader import MemoryBudgetError, from_zarr_gpu
 from gpuzarr_dist.cubed.spec import spec
+from gpuzarr_dist.errors import MissingDependencyError, extra_hint
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if not _installed("cubed"):
+    raise MissingDependencyError(
+        f"gpuzarr_dist.cubed needs cubed, which is not installed: {extra_hint('cubed')} "
+        "(cubed 0.27 on Python 3.11; 0.28 needs Python 3.12)",
+        name="cubed", extra="cubed",
+    )
+
 
 _LAZY = {
     "ThreadsExecutor": "executor",

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuzarr_dist.errors import DeviceUnavailableError
+from gpuzarr_dist.errors import GPU_INSTALL_HINT, DeviceUnavailableError
 
 DEVICES = ("auto", "gpu", "cpu")
 
@@ -21,12 +21,12 @@ DEVICES = ("auto", "gpu", "cpu")
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> tuple[bool, str]:
     """``(usable, reason)``: whether cupy, nvCOMP and a CUDA device are all there."""
-    for mod, pkg in (("cupy", "cupy-cuda13x"), ("nvidia.nvcomp", "nvidia-nvcomp-cu13")):
+    for mod in ("cupy", "nvidia.nvcomp"):
         try:
             if importlib.util.find_spec(mod) is None:
-                return False, f"{mod} is not installed (pip install 'gpuzarr-dist[gpu]' or {pkg})"
+                return False, f"{mod} is not installed ({GPU_INSTALL_HINT})"
         except (ImportError, ValueError):
-            return False, f"{mod} is not installed (pip install 'gpuzarr-dist[gpu]' or {pkg})"
+            return False, f"{mod} is not installed ({GPU_INSTALL_HINT})"
     try:
         import cupy
 

@@ -177,7 +177,8 @@ class ObjectChunkStore(ChunkStore):
                 return GCSStore(p.netloc, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
             return AzureStore(p.netloc, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
         except Exception as e:  # bad configuration keys or values: say which, without values
-            raise ValueError(f"{self.array}: cannot set up the {self.scheme}:// client: {self.scrub(_first_line(e))}") from None
+            error = ValueError(f"{self.array}: cannot set up the {self.scheme}:// client: {self.scrub(_first_line(e))}")
+        raise error  # outside the except: the client's error (which may quote credentials) is not chained
 
     def zarr_store(self) -> Any:
         """A read-only zarr-python store over the same client, to open the metadata with."""
@@ -214,6 +215,7 @@ class ObjectChunkStore(ChunkStore):
             options["range"] = {"suffix": -off} if off < 0 else (off, off + n)
         last = ""
         for attempt in range(retries + 1):
+            error = None
             try:
                 result = await obstore.get_async(self.store, key, options=options or None)
                 return await result.bytes_async()
@@ -227,7 +229,9 @@ class ObjectChunkStore(ChunkStore):
                 if not _transient(e, status) or attempt == retries:
                     what = f"{safe_url(self.url)}/{key}"
                     tries = f" after {attempt + 1} attempts" if attempt else ""
-                    raise ChunkReadError(self.array, key, self.scrub(f"GET {what}{_range_text(rng)}{tries}: {last}")) from None
+                    error = ChunkReadError(self.array, key, self.scrub(f"GET {what}{_range_text(rng)}{tries}: {last}"))
+            if error is not None:
+                raise error  # outside the except: obstore's error quotes the URL it was given, credentials included
             await asyncio.sleep(backoff * (2**attempt) * random.random())
         raise AssertionError("unreachable")
 
@@ -283,6 +287,26 @@ def _translate(opts: dict, names: dict[str, str]) -> dict:
         else:
             config[k] = v  # obstore's own key names
     return config
+
+
+def unreachable(e: BaseException) -> bool:
+    """Whether a store client's error says that the store did not answer (no connection, DNS, timeout)."""
+    text = str(e).lower()
+    return any(w in text for w in ("error sending request", "connection refused", "connect call failed", "dns error",
+                                   "timed out", "timeout", "failed to lookup", "name or service not known",
+                                   "cannot connect"))
+
+
+def store_error_text(e: BaseException, scrub: Callable[[str], str] | None = None) -> str:
+    """One line for a store client's error: its type and the first line of its message (obstore's errors run to
+    40 lines of debug output), credentials scrubbed, and what to check where the store did not answer."""
+    text = _first_line(e)
+    if scrub is not None:
+        text = scrub(text)
+    if unreachable(e):
+        text += ("; the store did not answer: check the URL, the endpoint (storage_options endpoint_url, or "
+                 "AWS_ENDPOINT_URL) and the network")
+    return text
 
 
 def _first_line(e: BaseException) -> str:

@@ -8,10 +8,10 @@ remote URL (through zarr-python's fsspec store), a ``zarr.Array``, a ``zarr.Grou
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -21,10 +21,17 @@ from zarr.abc.store import Store
 from gpuzarr_dist.codecs.registry import known_codecs
 from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
 from gpuzarr_dist.core.redact import install_log_filter, option_secrets, redact_url, scrub_error, url_secrets
-from gpuzarr_dist.errors import MetadataError, UnsupportedCodecError
+from gpuzarr_dist.errors import (
+    ArrayNotFoundError,
+    ChunkReadError,
+    ComponentNotFoundError,
+    MetadataError,
+    NotAnArrayError,
+    UnsupportedCodecError,
+)
 from gpuzarr_dist.stores.base import ChunkStore
 from gpuzarr_dist.stores.local import LocalChunkStore
-from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url
+from gpuzarr_dist.stores.remote import REMOTE_SCHEMES, ObjectChunkStore, safe_url, store_error_text, unreachable
 from gpuzarr_dist.stores.sharded import ShardedChunkStore
 from gpuzarr_dist.stores.zarrstore import ZarrChunkStore
 
@@ -80,6 +87,39 @@ def _field_hint(where: str) -> str:
     return ""
 
 
+#: metadata documents of a store (v3, v2 and consolidated) that :func:`bad_document_error` checks
+_ALL_DOCUMENTS = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+
+
+def bad_document_error(store: Any, error: BaseException, limit: int = 100_000) -> MetadataError | None:
+    """A :class:`MetadataError` naming the first metadata document of the local store ``store`` (a path or
+    ``file://`` URL) that is not valid JSON, for an ``error`` a JSON parser raised while the store was opened
+    (zarr-python and xarray let ``json.JSONDecodeError`` through without naming the file); ``None`` where
+    ``store`` is not local or no damaged document is found among its first ``limit`` entries."""
+    if isinstance(store, os.PathLike):
+        store = os.fspath(store)
+    if not isinstance(store, str) or not isinstance(error, ValueError) or isinstance(error, MetadataError):
+        return None
+    url = urlparse(store)
+    if url.scheme not in ("", "file"):
+        return None
+    root = os.path.abspath(os.path.expanduser(url.path if url.scheme == "file" else store))
+    seen = 0
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        seen += len(dirs) + len(files)
+        for name in sorted(f for f in files if f in _ALL_DOCUMENTS):
+            path = os.path.join(folder, name)
+            try:
+                with open(path, "rb") as f:
+                    json.loads(f.read())
+            except (OSError, ValueError, RecursionError) as e:
+                return MetadataError(f"{root}: the metadata document {path} is not valid JSON: {type(e).__name__}: {e}")
+        if seen > limit:
+            break
+    return None
+
+
 def _raise_if_document_exists(name: str, where: str, error: Exception) -> None:
     """A metadata file that is there but not recognised (e.g. ``zarr_format`` damaged) is bad metadata, not a missing array."""
     if os.path.basename(where) in _METADATA_FILES and os.path.isfile(where):
@@ -89,17 +129,48 @@ def _raise_if_document_exists(name: str, where: str, error: Exception) -> None:
         ) from error
 
 
-def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] = (FileNotFoundError,)) -> zarr.Array:
+def array_paths(group: Any) -> list[str]:
+    """The paths (relative to ``group``) of every array in the zarr.Group ``group``, at any depth."""
+    return sorted(p for p, node in group.members(max_depth=None) if isinstance(node, zarr.Array))
+
+
+def _group_lister(open_root: Callable[[], Any]) -> Callable[[], list[str] | None]:
+    """A function listing the arrays of the group ``open_root()`` opens (``None`` where that fails or is no group)."""
+
+    def arrays() -> list[str] | None:
+        try:
+            root = open_root()
+            return array_paths(root) if isinstance(root, zarr.Group) else None
+        except Exception:  # a store that cannot list (plain HTTP servers), or no group there: no listing
+            return None
+
+    return arrays
+
+
+def _not_found(name: str, component: str | None, arrays: Callable[[], list[str] | None] | None,
+               root: str | None) -> ArrayNotFoundError:
+    """The error for no array at ``name``: a :class:`ComponentNotFoundError` listing the arrays of the group at
+    ``root`` where ``component`` was asked for and the group can be listed, else :class:`ArrayNotFoundError`."""
+    listing = arrays() if component and arrays is not None else None
+    if listing is not None:
+        return ComponentNotFoundError(name, component, listing, root)
+    return ArrayNotFoundError(name)
+
+
+def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] = (FileNotFoundError,),
+                component: str | None = None, arrays: Callable[[], list[str] | None] | None = None,
+                root: str | None = None) -> zarr.Array:
+    """The zarr.Array ``opener()`` opens; ``component``, ``arrays`` and ``root`` name what a not-found error lists."""
     try:
         node = opener()
     except not_found as e:
         _raise_if_document_exists(name, where, e)
-        raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+        raise _not_found(name, component, arrays, root) from e
     except Exception as e:  # zarr-python raises many kinds of error for bad documents
         kind = type(e).__name__
         if "NotFound" in kind:
             _raise_if_document_exists(name, where, e)
-            raise FileNotFoundError(errno.ENOENT, f"No Zarr array at {name}", name) from e
+            raise _not_found(name, component, arrays, root) from e
         if kind == "UnknownCodecError":
             hint = _field_hint(where)
             if hint:  # not an unknown codec but a malformed codec object (e.g. without an id)
@@ -113,10 +184,10 @@ def _open_array(opener: Any, name: str, where: str, not_found: tuple[type, ...] 
     if isinstance(node, zarr.Group):
         _raise_if_not_a_group_document(name, where)
         try:
-            arrays = str(sorted(k for k, _ in node.arrays()))
+            listing = str(array_paths(node))
         except Exception:  # a store that cannot list (plain HTTP servers): say so rather than the listing's error
-            arrays = "(this store cannot list them)"
-        raise ValueError(f"{name} is a Zarr group; pass component= naming one of its arrays: {arrays}")
+            listing = "(this store cannot list them)"
+        raise NotAnArrayError(name, f"{name} is a Zarr group; pass component= naming one of its arrays: {listing}")
     return node
 
 
@@ -139,10 +210,12 @@ def _raise_if_not_a_group_document(name: str, where: str) -> None:
 
 def _from_local(path: str, component: str | None, name: str) -> tuple[ChunkStore, zarr.Array]:
     if not os.path.exists(path):
-        raise FileNotFoundError(errno.ENOENT, f"No such Zarr store: {path!r}", path)
+        raise ArrayNotFoundError(path, f"No such Zarr store: {path!r}")
     where = _metadata_file(path, component)
     store = zarr.storage.LocalStore(path, read_only=True)
-    arr = _open_array(lambda: zarr.open(store=store, path=component or "", mode="r"), name, where)
+    arr = _open_array(lambda: zarr.open(store=store, path=component or "", mode="r"), name, where,
+                      component=component, arrays=_group_lister(lambda: zarr.open_group(store=store, mode="r")),
+                      root=path)
     return LocalChunkStore(os.path.join(path, *(arr.path or "").split("/")), name), arr
 
 
@@ -190,10 +263,13 @@ def _from_remote(url: str, component: str | None, storage_options: dict | None) 
         except Exception as e:  # say what failed without credentials or the client's debug dump
             kind = type(e).__name__
             if "NotFound" in kind:
-                raise FileNotFoundError(name) from None
+                raise ArrayNotFoundError(name) from None
+            if unreachable(e):  # not the metadata's fault: say that the store did not answer
+                raise ChunkReadError(name, "zarr.json", store_error_text(e, root.scrub)) from None
             raise MetadataError(f"{name}: could not read the Zarr metadata: {root.scrub(str(e).splitlines()[0] if str(e) else kind)}") from None
 
-    arr = _open_array(opener, name, name, not_found=(FileNotFoundError, KeyError))
+    arr = _open_array(opener, name, name, not_found=(FileNotFoundError, KeyError), component=component,
+                      arrays=_group_lister(lambda: zarr.open_group(store=zstore, mode="r")), root=safe_url(root.url))
     return chunks_under(arr.path or ""), arr.metadata
 
 
@@ -211,9 +287,13 @@ def open_source(
 ) -> tuple[ChunkStore, ArraySpec]:
     """The :class:`ChunkStore` and :class:`ArraySpec` of the array ``source`` names.
 
-    Raises ``FileNotFoundError`` for a path that does not exist and
-    :class:`~gpuzarr_dist.errors.MetadataError` naming the metadata document for
-    metadata that cannot be read.
+    Raises :class:`~gpuzarr_dist.errors.ArrayNotFoundError` (a
+    ``FileNotFoundError``) for a path that does not exist or holds no array,
+    :class:`~gpuzarr_dist.errors.ComponentNotFoundError` (also a ``KeyError``)
+    for a ``component`` the group does not hold, listing the arrays it holds,
+    :class:`~gpuzarr_dist.errors.NotAnArrayError` (a ``ValueError``) for a
+    group without ``component``, and :class:`~gpuzarr_dist.errors.MetadataError`
+    naming the metadata document for metadata that cannot be read.
     """
     _check_component(component)
     if isinstance(source, os.PathLike):
@@ -238,8 +318,9 @@ def open_source(
             secrets = url_secrets(source) + option_secrets(storage_options)
             install_log_filter(secrets)  # fsspec and friends log full URLs at DEBUG level
             opener = lambda: zarr.open(source, path=component or "", mode="r", storage_options=storage_options)  # noqa: E731
+            lister = _group_lister(lambda: zarr.open_group(source, mode="r", storage_options=storage_options))
             try:
-                arr = _open_array(opener, name, name)
+                arr = _open_array(opener, name, name, component=component, arrays=lister, root=shown)
             except Exception as e:
                 raise scrub_error(e, secrets)  # noqa: B904 (the same exception, its message scrubbed)
             cstore, arr = _from_zarr_array(arr)
@@ -250,16 +331,19 @@ def open_source(
         cstore, arr = _from_zarr_array(source)
     elif isinstance(source, zarr.Group):
         if not component:
-            arrays = sorted(k for k, _ in source.arrays())
-            raise ValueError(f"{source} is a Zarr group; pass component= naming one of its arrays: {arrays}")
+            raise NotAnArrayError(str(source), f"{source} is a Zarr group; pass component= naming one of its "
+                                  f"arrays: {array_paths(source)}")
         arr = _open_array(
             lambda: source[component], _join(str(source.store), source.path, component), "the group",
-            not_found=(KeyError, FileNotFoundError),
+            not_found=(KeyError, FileNotFoundError), component=component, arrays=lambda: array_paths(source),
+            root=str(source),
         )
         cstore, arr = _from_zarr_array(arr)
     elif isinstance(source, Store):
         name = f"{source}/{component}" if component else str(source)
-        arr = _open_array(lambda: zarr.open(store=source, path=component or "", mode="r"), name, name)
+        arr = _open_array(lambda: zarr.open(store=source, path=component or "", mode="r"), name, name,
+                          component=component, arrays=_group_lister(lambda: zarr.open_group(store=source, mode="r")),
+                          root=str(source))
         cstore, arr = _from_zarr_array(arr)
     else:
         raise TypeError(

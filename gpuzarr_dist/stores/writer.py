@@ -7,8 +7,10 @@ or fail, where a missing one reads as the fill value. So:
   temporary name in its own folder (``.<name>.<process tag>-<counter>.tmp``, never a
   chunk key: it starts with a dot) and renamed over
   its final name with ``os.replace``, which POSIX makes atomic within a
-  filesystem; an interrupted write leaves at most a stray temporary file
-  (never read: it is not a chunk key) and never a partial chunk.
+  filesystem; a write that fails removes its temporary file, and a killed
+  one leaves at most a stray temporary file (never read: it is not a chunk
+  key), which :func:`remove_stale_temporaries` (``resume=True``) removes,
+  and never a partial chunk.
 - **any zarr-python store** (:class:`ZarrStoreWriter`: fsspec URLs such as
   ``s3://``, object stores, memory): one ``store.set`` per object, which for
   object stores is a single PUT (an object appears whole or not at all).
@@ -28,10 +30,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import secrets
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from concurrent.futures import wait
+from concurrent.futures import Future, wait
 from typing import Any
 
 from gpuzarr_dist.errors import ChunkReadError, ChunkWriteError
@@ -112,8 +115,18 @@ class ObjectWriter(ABC):
     def existing(self, keys: Sequence[str]) -> list[bool]:
         """Whether each key holds an object already."""
 
-    def prepare(self, keys: Sequence[str]) -> None:  # noqa: B027  (optional hook: a no-op by default)
-        """A hint that ``keys`` will be written soon (e.g. make their folders ahead); returns at once. Optional."""
+    def prepare(self, keys: Sequence[str]) -> list[Future]:
+        """A hint that ``keys`` will be written soon (e.g. make their folders ahead); returns at once, with the
+        futures of any work it started, for :func:`settle` to end before the caller returns. Optional."""
+        return []
+
+
+def settle(futures: Sequence[Future]) -> None:
+    """Cancel those of ``futures`` that have not started and wait for the others (whose errors are left to the
+    writes that need their work): nothing :meth:`ObjectWriter.prepare` started runs on after its caller returns."""
+    for f in futures:
+        f.cancel()
+    wait(futures)
 
 
 class LocalObjectWriter(ObjectWriter):
@@ -149,8 +162,9 @@ class LocalObjectWriter(ObjectWriter):
         if not key or any(p in ("", ".", "..") for p in key.split("/")):
             raise ChunkWriteError(self.array, key, "not a valid object key (empty, '.' or '..' part)")
 
-    def prepare(self, keys: Sequence[str]) -> None:
-        """Start making the folders that ``keys`` go into, on :func:`folder_pool`'s threads, and return.
+    def prepare(self, keys: Sequence[str]) -> list[Future]:
+        """Start making the folders that ``keys`` go into, on :func:`folder_pool`'s threads, and return their
+        futures (for :func:`settle`: the caller ends them before it returns).
 
         Called before a block is encoded so that its folders are made while it
         is. Best effort: a folder not made (yet, or at all) is made by the
@@ -163,12 +177,13 @@ class LocalObjectWriter(ObjectWriter):
             if folder not in folders and folder != self.root:
                 folders.add(folder)
                 todo.append(folder)
-        if todo:
-            from gpuzarr_dist.runtime.threads import folder_pool
+        if not todo:
+            return []
+        from gpuzarr_dist.runtime.threads import folder_pool
 
-            pool = folder_pool()
-            for folder in todo:  # in the order asked (the blocks' order); makedirs makes the parents
-                pool.submit(_make_folder_quietly, folder)
+        pool = folder_pool()
+        # in the order asked (the blocks' order); makedirs makes the parents; a cancelled one is made by its write
+        return [pool.submit(_make_folder_quietly, folder, folders) for folder in todo]
 
     def _create(self, folder: str, tmp: str) -> int:
         """Open ``tmp`` (new) for writing, making its folder only when the open finds it missing.
@@ -211,11 +226,13 @@ class LocalObjectWriter(ObjectWriter):
             finally:
                 os.close(fd)
             os.replace(tmp, path)
-        except OSError as e:
+        except BaseException as e:  # no temporary file outlives a failed write, whatever stopped it
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
+            if not isinstance(e, OSError):
+                raise
             reason = f"{type(e).__name__}: {e.strerror or e}"
             if isinstance(e, (NotADirectoryError, FileExistsError)) and not os.path.isdir(folder):
                 reason += f" (a file stands in the way of its folder {os.path.relpath(folder, self.root)!r})"
@@ -237,12 +254,35 @@ class LocalObjectWriter(ObjectWriter):
         return f"LocalObjectWriter({self.root!r})"
 
 
-def _make_folder_quietly(folder: str) -> None:
+def _make_folder_quietly(folder: str, made: set[str]) -> None:
     """``os.makedirs`` for :meth:`LocalObjectWriter.prepare`: errors are left to the write that needs the folder."""
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError:
-        pass
+        made.discard(folder)
+
+
+#: a temporary file of :meth:`LocalObjectWriter.put`: ``.<object name>.<process tag>-<counter>.tmp``
+TEMPORARY_NAME = re.compile(r"^\..+\.[0-9a-f]{9,}-[0-9a-f]+\.tmp$")
+
+
+def remove_stale_temporaries(root: str) -> int:
+    """Remove every temporary file :class:`LocalObjectWriter` leaves when killed mid-write, under the array's
+    folder ``root``; the number removed. Only names of that pattern (:data:`TEMPORARY_NAME`) are touched.
+
+    For ``resume=True``: it assumes that no other process is writing the array
+    (a temporary file of a live write removed here fails that write, naming its key).
+    """
+    removed = 0
+    for folder, _, files in os.walk(root):
+        for name in files:
+            if TEMPORARY_NAME.match(name):
+                try:
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+                except FileNotFoundError:  # its write finished or failed meanwhile
+                    pass
+    return removed
 
 
 _temp_state: tuple[int, str, Any] | None = None
@@ -273,12 +313,24 @@ class ZarrStoreWriter(ObjectWriter):
         self.scrub = scrub  # takes credentials out of the store's error texts (object stores)
 
     def _reason(self, e: Exception) -> str:
-        text = f"{type(e).__name__}: {e}"
-        return self.scrub(text) if self.scrub is not None else text
+        if self.scrub is None:
+            return f"{type(e).__name__}: {e}"
+        from gpuzarr_dist.stores.remote import store_error_text
 
-    def _cause(self, e: Exception) -> Exception | None:
-        """The error to chain: none where the store's own text may hold credentials (object stores)."""
-        return None if self.scrub is not None else e
+        return store_error_text(e, self.scrub)  # one line: obstore's messages run to 40 lines of debug output
+
+    def _error(self, kind: type, key: str, e: Exception) -> Exception:
+        """``kind(array, key, reason)`` chained to ``e`` unless the store's own text may show credentials
+        (object stores): then not chained at all, to be raised outside the ``except`` (no ``__context__``)."""
+        error = kind(self.array, key, self._reason(e))
+        if self.scrub is None:
+            error.__cause__ = e
+        else:
+            from gpuzarr_dist.core.redact import shows_secret
+
+            error.__cause__ = None if shows_secret(e, clean=self.scrub) else e
+        error.__suppress_context__ = True
+        return error
 
     def put_many(self, items: Sequence[tuple[str, Any]]) -> int:
         from zarr.core.buffer import default_buffer_prototype
@@ -288,10 +340,13 @@ class ZarrStoreWriter(ObjectWriter):
 
         async def put(key: str, data: Any) -> int:
             view = memoryview(joined(data)).cast("B")
+            error = None
             try:
                 await self.store.set(self.prefix + key, proto.buffer.from_bytes(view))
             except Exception as e:
-                raise ChunkWriteError(self.array, key, self._reason(e)) from self._cause(e)
+                error = self._error(ChunkWriteError, key, e)
+            if error is not None:
+                raise error
             return len(view)
 
         async def put_all() -> int:
@@ -303,10 +358,12 @@ class ZarrStoreWriter(ObjectWriter):
         from zarr.core.sync import sync
 
         async def one(key: str) -> bool:
+            error = None
             try:
                 return bool(await self.store.exists(self.prefix + key))
             except Exception as e:
-                raise ChunkReadError(self.array, key, self._reason(e)) from self._cause(e)
+                error = self._error(ChunkReadError, key, e)
+            raise error
 
         async def all_() -> list[bool]:
             return await gather_all(one(k) for k in keys)

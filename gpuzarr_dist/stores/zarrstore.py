@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from gpuzarr_dist.core.redact import redact_text, shows_secret
 from gpuzarr_dist.errors import ChunkReadError
 from gpuzarr_dist.runtime.aio import gather_all
 from gpuzarr_dist.stores.base import ChunkStore, check_key
@@ -25,12 +26,16 @@ class ZarrChunkStore(ChunkStore):
         proto = default_buffer_prototype()
 
         async def get(key: str) -> bytes | None:
+            error = None
             try:
                 buf = await self.store.get(self.prefix + check_key(self.array, key), prototype=proto)
             except ChunkReadError:
                 raise
-            except Exception as e:
-                raise ChunkReadError(self.array, key, f"{type(e).__name__}: {e}") from e
+            except Exception as e:  # fsspec's messages may quote the URL it was given, password included
+                error = ChunkReadError(self.array, key, redact_text(f"{type(e).__name__}: {e}"))
+                error.__cause__ = None if shows_secret(e) else e
+            if error is not None:
+                raise error  # outside the except: no __context__ to carry what __cause__ leaves out
             return None if buf is None else buf.to_bytes()
 
         async def get_all() -> list[bytes | None]:

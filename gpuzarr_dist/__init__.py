@@ -19,6 +19,7 @@ from gpuzarr_dist.cuda.device import gpu_available, resolve_device
 from gpuzarr_dist.errors import (
     ArrayExistsError,
     ArrayNotFoundError,
+    BlockTooLargeError,
     ChunkDecodeError,
     ChunkEncodeError,
     ChunkReadError,
@@ -33,6 +34,7 @@ from gpuzarr_dist.errors import (
     NotAGroupError,
     NotAnArrayError,
     UnsupportedCodecError,
+    UnsupportedDtypeError,
 )
 from gpuzarr_dist.xarray.backend import open_dataset
 
@@ -43,6 +45,7 @@ _da.from_zarr_gpu = from_zarr_gpu
 __all__ = [
     "ArrayExistsError",
     "ArrayNotFoundError",
+    "BlockTooLargeError",
     "ChunkDecodeError",
     "ChunkEncodeError",
     "ChunkWriteError",
@@ -57,6 +60,7 @@ __all__ = [
     "NotAGroupError",
     "NotAnArrayError",
     "UnsupportedCodecError",
+    "UnsupportedDtypeError",
     "__version__",
     "from_zarr_gpu",
     "gpu_available",

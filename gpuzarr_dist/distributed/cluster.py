@@ -33,7 +33,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from gpuzarr_dist.config import cluster_warm
 from gpuzarr_dist.cuda.device import DEVICES, device_count, gpu_status, share_device_pool
 from gpuzarr_dist.distributed.placement import BlockPlacement
-from gpuzarr_dist.errors import DeviceUnavailableError
+from gpuzarr_dist.errors import GPU_INSTALL_HINT, DeviceUnavailableError
 
 #: threads per GPU worker: the decode stage scales up to 8-16 threads, and each thread holds about 6 blocks
 #: of device memory (1.5 GB with 256 MiB blocks, 5.6 GB with the ~890 MiB auto blocks of a 139 GiB GPU),
@@ -211,7 +211,7 @@ def _local_cuda_cluster_class() -> type:
     except ImportError as e:
         raise DeviceUnavailableError(
             f"a GPU cluster needs dask-cuda, which could not be imported ({e}); "
-            "pip install 'gpuzarr-dist[gpu]', or use device='cpu'"
+            f"{GPU_INSTALL_HINT}; or use device='cpu'"
         ) from e
     return LocalCUDACluster
 

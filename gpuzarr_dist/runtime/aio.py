@@ -71,7 +71,8 @@ async def gather_all(aws: Iterable[Awaitable[T]]) -> list[T]:
             t.cancel()
         if pending:
             await asyncio.wait(pending)
-    for t in tasks:
-        if not t.cancelled() and t.exception() is not None:
-            raise t.exception()  # type: ignore[misc]
+    # every failure is retrieved (asyncio logs the ones never looked at), the first in argument order raised
+    failures = [t.exception() for t in tasks if not t.cancelled() and t.exception() is not None]
+    if failures:
+        raise failures[0]
     return [t.result() for t in tasks]

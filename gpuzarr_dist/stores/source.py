@@ -81,6 +81,8 @@ def _field_hint(where: str) -> str:
                 doc = json.loads(f.read())
         except (OSError, ValueError) as e:
             return f"not valid JSON ({e}); " if path == where else f"{path} is not valid JSON ({e}); "
+        except RecursionError:
+            return "JSON nested too deeply; " if path == where else f"{path}: JSON nested too deeply; "
         why = bad_metadata_field(doc, name)
         if why:
             return f"{why}; " if path == where else f"{path}: {why}; "
@@ -202,7 +204,7 @@ def _raise_if_not_a_group_document(name: str, where: str) -> None:
         try:
             with open(where, "rb") as f:
                 doc = json.loads(f.read())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict) or doc.get("node_type") != "group":
             raise MetadataError(f"{name}: {where} is neither a Zarr array nor a group document (field node_type)")

@@ -30,4 +30,8 @@ def main(args) -> int:
         from gpuzarr_dist.bench.cubed import run as run_cubed
 
         return run_cubed(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed")
+    if name == "climate":
+        from gpuzarr_dist.bench.climate import run as run_climate
+
+        return run_climate(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed, climate")

@@ -262,8 +262,11 @@ def run(args: Any) -> int:
         steps = QUICK_STEPS
     else:
         steps = max(24, int((gb or (40.0 if max(counts) >= 2 else 20.0)) * 1e9 // step_bytes))
-    cpu_gb = getattr(args, "cpu_gb", None) or max(0.5, 0.1 * cores)
-    cpu_steps = steps if quick else min(steps, max(24, int(cpu_gb * 1e9 // step_bytes)))
+    cpu_gb = getattr(args, "cpu_gb", None)
+    if cpu_gb is None and quick:
+        cpu_steps = steps
+    else:
+        cpu_steps = min(steps, max(24, int((cpu_gb or max(0.5, 0.1 * cores)) * 1e9 // step_bytes)))
     threads = getattr(args, "threads", None) or (1 if device == "cpu" else 8)
 
     tmp = None

@@ -93,7 +93,7 @@ def _block_sums(block: Any, codes: np.ndarray, axis: int, skipna: bool) -> tuple
     rest = view.shape[1:]
     sums = xp.zeros((len(groups), *rest), dtype=_sum_dtype(block.dtype))
     if skipna:
-        counts = xp.zeros((len(groups), *rest), dtype=np.int64)
+        counts = xp.zeros((len(groups), *rest), dtype=np.int32)  # values per element: fewer than 2**31 steps
     else:
         counts = np.bincount(codes[codes >= 0], minlength=int(groups[-1]) + 1 if len(groups) else 0)[groups]
     for start, stop, g in _runs(codes):
@@ -103,7 +103,7 @@ def _block_sums(block: Any, codes: np.ndarray, axis: int, skipna: bool) -> tuple
         k = row[g]
         if skipna:
             sums[k] += xp.nansum(part, axis=0, dtype=sums.dtype)
-            counts[k] += (~xp.isnan(part)).sum(axis=0, dtype=np.int64)
+            counts[k] += (~xp.isnan(part)).sum(axis=0, dtype=np.int32)
         else:
             sums[k] += part.sum(axis=0, dtype=sums.dtype)
     return groups, sums, counts
@@ -118,7 +118,7 @@ def _combine(parts: list[tuple[np.ndarray, Any, Any]]) -> tuple[np.ndarray, Any,
     first, first_counts = parts[0][1], parts[0][2]
     xp, cxp = array_module(first), array_module(first_counts)
     sums = xp.zeros((len(groups), *first.shape[1:]), dtype=first.dtype)
-    counts = cxp.zeros((len(groups), *first_counts.shape[1:]), dtype=np.int64)
+    counts = cxp.zeros((len(groups), *first_counts.shape[1:]), dtype=first_counts.dtype)
     for part_groups, part_sums, part_counts in parts:
         for k, g in enumerate(part_groups):
             sums[row[int(g)]] += part_sums[k]

@@ -55,6 +55,7 @@ def test_bench_climate_quick(tmp_path, capsys):
     with open(tmp_path / "res" / "bench-climate.json") as f:
         res = json.load(f)
     assert res["meta"]["failures"] == []
+    assert set(res["meta"]["speedup_over_cpu"]) == {"1", "2"}
     assert len(res["rows"]) == 3 and all(r["gbps"] > 0 for r in res["rows"])
     assert (tmp_path / "res" / "bench-climate.txt").read_text().count("\n") == 5
     store = str(tmp_path / "data" / "era5-daily.zarr")

@@ -349,9 +349,14 @@ def run(args: Any) -> int:
             failures.append(f"the climatology differs from the CPU row's by {d:.3g}")
 
     _print(rows, cpu_row)
+    speedup = {n: r.gbps / cpu_row.gbps for n, r in zip(counts, [r for r in rows if r.name.startswith("gpuzarr")])}
+    if device == "gpu" and 2 in speedup:
+        print(f"target 2 GPUs >= 10x dask on {cores} CPU cores: {'met' if speedup[2] >= 10 else 'NOT met'} "
+              f"({speedup[2]:.1f}x)")
     meta = {"device": device, "threads": threads, "time_steps": steps, "cpu_time_steps": cpu_steps,
             "grid": [nlat, nlon], "counts": counts, "repeats": repeats, "cores": cores, "cpu_cluster": [procs, per],
-            "host": platform.node(), "quick": quick, "max_error_allowed": limit, "failures": failures}
+            "host": platform.node(), "quick": quick, "max_error_allowed": limit, "failures": failures,
+            "speedup_over_cpu": {str(n): x for n, x in speedup.items()}}
     out_dir = getattr(args, "out", None) or "bench-results"
     print("saved:", ", ".join(save(rows, out_dir, "bench-climate",
                                    f"monthly climatology + anomaly, 1..{max(counts)} {what}(s) vs dask on the CPU",

@@ -93,7 +93,7 @@ def test_mean_and_anomaly(device, chunks):
     _assert_same(clim, clim_ref, device)
     assert np.isnan(_host(clim.compute().data)[1, 1, 2])  # an all-NaN group gives NaN, as in xarray
     anom = groupby(a, "time.month") - clim
-    _assert_same(anom, ref.groupby("time.month") - clim_ref, device, atol=1e-4)
+    _assert_same(anom, ref.groupby("time.month") - clim_ref, device, atol=3e-4)  # xarray: 3 roundings at 280
     if chunks is not None:
         assert anom.data.chunks == a.data.chunks  # the operand's blocks, not a rechunked graph
 
@@ -124,7 +124,7 @@ def test_arithmetic_and_reflexive(device):
     g = groupby(a, "time.month")
     got = grouped_apply(a.data, clim.data, g.codes, 1, operator.sub, reflexive=True).compute()
     expected = clim_ref.values[:, g.codes, :] - values
-    np.testing.assert_allclose(_host(got), expected, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(_host(got), expected, rtol=0, atol=3e-4)
 
 
 @pytest.mark.parametrize("device", DEVICES)

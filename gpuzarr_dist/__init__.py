@@ -37,6 +37,7 @@ from gpuzarr_dist.errors import (
     UnsupportedDtypeError,
 )
 from gpuzarr_dist.xarray.backend import open_dataset
+from gpuzarr_dist.xarray.groupby import groupby
 
 __version__ = "0.1.0"
 
@@ -64,6 +65,7 @@ __all__ = [
     "__version__",
     "from_zarr_gpu",
     "gpu_available",
+    "groupby",
     "open_dataset",
     "resolve_device",
     "to_zarr_gpu",

@@ -175,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
     tr.add_argument("--out", metavar="DIR", help="folder for bench-train.json")
     tr.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    clim = bench_sub.add_parser("climate", help="monthly climatology + anomaly written back, on 1, 2, 4 GPUs vs "
+                                "dask on every CPU core")
+    clim.add_argument("--quick", action="store_true", help="a small grid on 1 and 2 CPU workers, in seconds")
+    clim.add_argument("--gb", metavar="GB", type=float, help="decompressed GB of the dataset (default 40; 20 with one GPU)")
+    clim.add_argument("--time-steps", metavar="N", type=_positive_int, help="daily time steps (instead of --gb)")
+    clim.add_argument("--cpu-gb", metavar="GB", type=float, help="GB the CPU row runs over (default 0.1 per core)")
+    clim.add_argument("--gpus", metavar="N", type=_positive_int, action="append",
+                      help="GPU counts to run (repeat; default 1, 2, 4 up to the GPUs present)")
+    clim.add_argument("--repeats", metavar="N", type=_positive_int, help="timed runs per row after a warm-up (default 3)")
+    clim.add_argument("--xarray-row", action="store_true", help="also xarray's own groupby on one GPU")
+    clim.add_argument("--path", metavar="DIR", help="where the data and outputs go (kept and reused)")
+    clim.add_argument("--out", metavar="DIR", help="folder for bench-climate.json and .txt")
+    clim.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
+    clim.add_argument("--threads", metavar="N", type=_positive_int, help="threads per GPU worker (default 8)")
     bench.set_defaults(func=_cmd_bench, bench_parser=bench)
     _add_cluster_parser(sub)
     return parser

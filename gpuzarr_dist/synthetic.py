@@ -275,13 +275,14 @@ def make_era5_like(
     return Era5Store(path, component, (time_steps, NLAT, NLON), seed, reused=False, reference=total / time_steps)
 
 
-def _fill_run(path: str, component: str | None, seed: int, t0: int, t1: int) -> np.ndarray:
+def _fill_run(path: str, component: str | None, seed: int, t0: int, t1: int, nlat: int = NLAT,
+              nlon: int = NLON) -> np.ndarray:
     """Generate and write time steps ``t0:t1`` of the array at ``path``; their float64 sum over time."""
     import zarr
 
     arr = zarr.open_array(path, path=component or "", mode="r+")
-    field = Field(seed)
-    total = np.zeros((NLAT, NLON), dtype=np.float64)
+    field = Field(seed, nlat, nlon)
+    total = np.zeros((nlat, nlon), dtype=np.float64)
     for a in range(t0, t1, _SLAB):
         slab = np.stack([field.step(t) for t in range(a, min(t1, a + _SLAB))])
         total += slab.sum(axis=0, dtype=np.float64)
@@ -289,7 +290,8 @@ def _fill_run(path: str, component: str | None, seed: int, t0: int, t1: int) -> 
     return total
 
 
-def _fill_parallel(path: str, component: str | None, seed: int, time_steps: int, processes: int, bar: _Bar) -> np.ndarray:
+def _fill_parallel(path: str, component: str | None, seed: int, time_steps: int, processes: int, bar: _Bar | None,
+                   nlat: int = NLAT, nlon: int = NLON) -> np.ndarray:
     """:func:`_fill_run` over ``time_steps`` in runs of whole slabs, on ``processes`` processes."""
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from multiprocessing import get_context
@@ -297,12 +299,120 @@ def _fill_parallel(path: str, component: str | None, seed: int, time_steps: int,
     runs = max(processes * 4, 1)
     step = max(_SLAB, -(-time_steps // runs) // _SLAB * _SLAB)
     bounds = [(a, min(time_steps, a + step)) for a in range(0, time_steps, step)]
-    total = np.zeros((NLAT, NLON), dtype=np.float64)
+    total = np.zeros((nlat, nlon), dtype=np.float64)
     done = 0
     with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_fill_run, path, component, seed, a, b): b - a for a, b in bounds}
+        futures = {pool.submit(_fill_run, path, component, seed, a, b, nlat, nlon): b - a for a, b in bounds}
         for f in as_completed(futures):
             total += f.result()
             done += futures[f]
-            bar.update(done)
+            if bar is not None:
+                bar.update(done)
     return total
+
+
+# -- a whole dataset: the variable, its coordinates and a calendar, written by several processes
+
+
+class Era5Dataset(Era5Store):
+    """A store written (or found) by :func:`make_era5_dataset`: a group holding one ERA5-like variable."""
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.shape[1], self.shape[2]
+
+    def reference_mean(self) -> np.ndarray:
+        """The time mean in float64 of the values written (generated again from the seed)."""
+        if self._reference is None:
+            field = Field(self.seed, *self.grid)
+            total = np.zeros(self.grid, dtype=np.float64)
+            for t in range(self.shape[0]):
+                total += field.step(t)
+            self._reference = total / self.shape[0]
+        return self._reference
+
+
+def _existing_dataset(path: str, name: str, time_steps: int, nlat: int, nlon: int, seed: int) -> Era5Dataset | None:
+    import zarr
+
+    if not os.path.exists(os.path.join(path, name, "zarr.json")):
+        return None
+    try:
+        arr = zarr.open_array(path, path=name, mode="r")
+        meta = arr.attrs.get(_MARKER)
+        ok = (isinstance(meta, dict) and meta.get("complete") and int(meta.get("seed", -1)) == seed
+              and tuple(arr.shape) == (time_steps, nlat, nlon) and arr.chunks == (1, nlat, nlon)
+              and arr.dtype == np.float32)
+    except Exception:  # anything unreadable is not a store we can reuse
+        return None
+    return Era5Dataset(path, name, (time_steps, nlat, nlon), seed, reused=True) if ok else None
+
+
+def make_era5_dataset(
+    path: str | os.PathLike,
+    time_steps: int,
+    *,
+    nlat: int = NLAT,
+    nlon: int = NLON,
+    name: str = "t2m",
+    seed: int = 0,
+    reuse: bool = True,
+    processes: int | None = None,
+) -> Era5Dataset:
+    """Write an ERA5-like dataset at ``path``: a Zarr v3 group that ``xr.open_zarr`` opens.
+
+    The group holds ``name`` (float32 ``(time_steps, nlat, nlon)``, the
+    values of :class:`Field`, one chunk per time step, zstd level 0) and its
+    coordinates ``time`` (daily from 2000-01-01, stored as int32 days with CF
+    units, so xarray decodes it to datetime64 and ``"time.month"`` groups
+    it), ``latitude`` (90 to -90) and ``longitude``, with consolidated
+    metadata. Steps are generated and written by ``processes`` worker
+    processes, each its own range of time steps (default: one per CPU core
+    for stores over 1 GB, else this process alone). With ``reuse``, a
+    complete store of the same shape and seed already at ``path`` is returned
+    as it is. Only an empty directory or an earlier store written here is ever
+    overwritten.
+    """
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    path = os.path.abspath(os.fspath(path))
+    if time_steps < 1 or nlat < 1 or nlon < 1:
+        raise ValueError(f"time_steps, nlat and nlon must be at least 1, got {time_steps}, {nlat}, {nlon}")
+    if reuse:
+        found = _existing_dataset(path, name, time_steps, nlat, nlon, seed)
+        if found is not None:
+            return found
+    _check_writable(path)
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    field = Field(seed, nlat, nlon)
+    marker = {"complete": False, "seed": seed, "time_steps": time_steps}
+    group = zarr.open_group(path, mode="w", zarr_format=3)
+    for cname, values, cattrs in (
+        ("time", np.arange(time_steps, dtype=np.int32), {"units": "days since 2000-01-01", "calendar": "proleptic_gregorian",
+                                                          "standard_name": "time"}),
+        ("latitude", field.lat.astype(np.float64), {"units": "degrees_north", "standard_name": "latitude"}),
+        ("longitude", field.lon.astype(np.float64), {"units": "degrees_east", "standard_name": "longitude"}),
+    ):
+        coord = group.create_array(cname, shape=values.shape, chunks=values.shape, dtype=values.dtype,
+                                   dimension_names=(cname,), attributes=cattrs)
+        coord[...] = values
+    arr = group.create_array(
+        name, shape=(time_steps, nlat, nlon), chunks=(1, nlat, nlon), dtype="float32",
+        compressors=ZstdCodec(level=0), fill_value=float("nan"), dimension_names=("time", "latitude", "longitude"),
+        attributes={"units": "K", "long_name": "2 metre temperature (synthetic)", _MARKER: marker},
+    )
+    nbytes = time_steps * nlat * nlon * 4
+    if processes is None:
+        processes = (os.cpu_count() or 1) if nbytes > 1e9 else 1
+    processes = max(1, min(processes, -(-time_steps // _SLAB)))
+    if processes == 1:
+        _fill_run(path, name, seed, 0, time_steps, nlat, nlon)
+    else:
+        _fill_parallel(path, name, seed, time_steps, processes, None, nlat, nlon)
+    arr.attrs[_MARKER] = {**marker, "complete": True}
+    with warnings.catch_warnings():  # zarr-python notes that Zarr v3 has no consolidated metadata extension yet
+        warnings.filterwarnings("ignore", "Consolidated metadata", UserWarning)
+        zarr.consolidate_metadata(path)
+    return Era5Dataset(path, name, (time_steps, nlat, nlon), seed, reused=False)

@@ -34,4 +34,8 @@ def main(args) -> int:
         from gpuzarr_dist.bench.train import run as run_train
 
         return run_train(args)
-    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, cubed, train")
+    if name == "climate":
+        from gpuzarr_dist.bench.climate import run as run_climate
+
+        return run_climate(args)
+    raise SystemExit(f"unknown benchmark {name!r}; available: read, write, shards, remote, scale, climate, cubed, train")

@@ -310,7 +310,7 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
     open_dataset_parameters = (
         "filename_or_obj", "mask_and_scale", "decode_times", "concat_characters", "decode_coords",
         "drop_variables", "use_cftime", "decode_timedelta", "group", "consolidated", "storage_options",
-        "zarr_format", "use_zarr_fill_value_as_mask", "device", "blocks",
+        "zarr_format", "use_zarr_fill_value_as_mask", "mode", "store", "cache_members", "device", "blocks",
     )
     #: True: lazily indexed arrays (xarray's backend contract); False: gpuzarr dask arrays (``open_dataset``)
     lazy = True
@@ -334,6 +334,9 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
         storage_options: dict | None = None,
         zarr_format: int | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
+        mode: str = "r",
+        store: Any = None,
+        cache_members: bool = True,
         device: str = "auto",
         blocks: Any = "auto",
     ) -> xr.Dataset:
@@ -350,6 +353,9 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
             consolidated=consolidated,
             storage_options=storage_options,
             zarr_format=zarr_format,
+            mode=mode,
+            store=store,
+            cache_members=cache_members,
         )
         if use_zarr_fill_value_as_mask is not None:
             kwargs["use_zarr_fill_value_as_mask"] = use_zarr_fill_value_as_mask

@@ -12,6 +12,7 @@ that opens. Every comparison is against xarray's own reading (``xr.open_zarr``,
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -239,3 +240,21 @@ def test_lazy_write_completes_on_compute(v2_store, tmp_path):
     assert int(lazy.compute()) > 0
     assert not os.path.exists(os.path.join(out, PENDING_DOCUMENT))
     xr.testing.assert_identical(xr.open_zarr(out).load(), xr.open_zarr(v2_store)[["air", "flags"]].load())
+
+
+def test_unfinished_write_into_a_group_is_not_in_the_consolidated_metadata_above(v2_store, tmp_path):
+    """xarray consolidates the groups above the one written: they must not list it before its data is there."""
+    ds = gz.open_dataset(v2_store, device=dev())[["count"]]
+    out = str(tmp_path / "out.zarr")
+    gz.to_zarr_gpu(ds, out, "model/run1")
+    lazy = gz.to_zarr_gpu(ds * 2, out, "model/run2", compute=False)
+    for consolidated in (True, None, False):
+        with pytest.raises((KeyError, FileNotFoundError, zarr.errors.GroupNotFoundError)):
+            xr.open_zarr(out, group="model/run2", consolidated=consolidated)
+    xr.testing.assert_identical(xr.open_zarr(out, group="model/run1", consolidated=True).load(), _on_host(ds).load())
+    lazy.compute()
+    for consolidated in (True, False):
+        back = xr.open_zarr(out, group="model/run2", consolidated=consolidated)
+        xr.testing.assert_identical(back.load(), _on_host(ds * 2).load())
+    with open(os.path.join(out, "zarr.json")) as f:  # the root lists it again, once written
+        assert "model/run2/count" in json.load(f)["consolidated_metadata"]["metadata"]

@@ -3,9 +3,10 @@
 xarray's own zarr engine opens the store: metadata (consolidated when
 present), groups, dimensions, coordinates, attributes, encodings and the CF
 decoding plan all come from it, so a dataset opened here is the one
-``xr.open_zarr`` gives. Then each data variable's lazily indexed zarr-python
-array is replaced by a dask array from :func:`~gpuzarr_dist.from_zarr_gpu`
-(cupy chunks on the GPU), and the CF decoding steps xarray chose for that
+``xr.open_zarr`` gives. Then each numeric data variable is read by gpuzarr.
+For :func:`open_dataset`, its lazily indexed zarr-python array is replaced by
+a dask array from :func:`~gpuzarr_dist.from_zarr_gpu` (cupy chunks on the
+GPU), and the CF decoding steps xarray chose for that
 variable (``_Unsigned``, ``_FillValue``/``missing_value`` masking,
 ``scale_factor``/``add_offset`` unpacking, byte order, booleans) are applied to
 it block by block, with the parameters xarray chose, in array operations that
@@ -408,7 +409,9 @@ def open_dataset(
     numeric data variable is a dask array built by :func:`from_zarr_gpu`: one
     task per block reads and decodes all of the block's Zarr chunks in one
     batch, and the CF decoding runs on the block where it is (cupy chunks on
-    the GPU). Coordinates are read by xarray into host memory.
+    the GPU). Coordinates are read by xarray into host memory. ``.load()`` and
+    ``.compute()`` compute the dask arrays: numpy arrays on the CPU, cupy
+    arrays (left on the device) on the GPU.
 
     Parameters
     ----------

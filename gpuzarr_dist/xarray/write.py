@@ -23,6 +23,7 @@ which tells the next write to the same target to replace what is there.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import warnings
 from collections.abc import Hashable, Mapping
@@ -138,10 +139,42 @@ def _hold_back_group_document(store: Any, path: str) -> bytes:
     return doc
 
 
-def _finish(block: Any, store: Any, path: str, doc: bytes) -> Any:
-    """Write the group's ``zarr.json`` back (the write is complete) and drop the pending copy."""
+def _hide_from_ancestors(store: Any, path: str) -> list[str]:
+    """Take ``path`` and what is under it out of the consolidated metadata of the groups above it.
+
+    xarray consolidates the metadata of the groups above the one it writes
+    too, so they would open the group before its data is there. Returns the
+    paths of the groups changed, to consolidate again once the write is done.
+    """
+    if not path:
+        return []
+    parts = path.split("/")
+    changed = []
+    for i in range(len(parts)):
+        above, rel = "/".join(parts[:i]), "/".join(parts[i:])
+        raw = _get(store, _key(above, "zarr.json"))
+        if raw is None:
+            continue
+        doc = json.loads(raw)
+        listed = (doc.get("consolidated_metadata") or {}).get("metadata")
+        if not isinstance(listed, dict):
+            continue
+        kept = {k: v for k, v in listed.items() if not (k == rel or k.startswith(rel + "/"))}
+        if len(kept) != len(listed):
+            doc["consolidated_metadata"]["metadata"] = kept
+            _set(store, _key(above, "zarr.json"), json.dumps(doc, indent=2).encode())
+            changed.append(above)
+    return changed
+
+
+def _finish(block: Any, store: Any, path: str, doc: bytes, ancestors: list[str]) -> Any:
+    """Write the group's ``zarr.json`` back (the write is complete), drop the pending copy, consolidate above."""
     _set(store, _key(path, "zarr.json"), doc)
     _delete(store, _key(path, PENDING_DOCUMENT))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Consolidated metadata is currently not part")
+        for above in ancestors:
+            zarr.consolidate_metadata(store, path=above or None, zarr_format=3)
     return block
 
 
@@ -254,6 +287,7 @@ def dataset_to_zarr_gpu(
             )
         doc = _hold_back_group_document(t.store, t.path)
         held_back = True
+        ancestors = _hide_from_ancestors(t.store, t.path)
         parts = []
         for name, x in ours.items():
             sub = open_target(t.store, join_path(t.path, str(name)), None)
@@ -261,7 +295,8 @@ def dataset_to_zarr_gpu(
             arr = zarr.open_array(store=t.store, path=sub.path, mode="r+")
             parts.append(write_array_graph(x, arr, sub, device=device))
         total = da.stack(parts).sum() if parts else da.zeros((), dtype=np.int64)
-        total = total.map_blocks(_finish, store=t.store, path=t.path, doc=doc, dtype=total.dtype, meta=total._meta)
+        total = total.map_blocks(_finish, store=t.store, path=t.path, doc=doc, ancestors=ancestors,
+                                 dtype=total.dtype, meta=total._meta)
         if not compute:
             return total
         total.compute()

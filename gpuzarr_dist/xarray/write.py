@@ -304,7 +304,8 @@ def dataset_to_zarr_gpu(
         # what this call created goes, so the target is as if never written; but not what another writer
         # created there meanwhile (zarr refuses mode "w-" before it writes anything)
         refused = isinstance(e, (zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError)) and not held_back
-        if compute and not refused:
+        if not refused:
             _remove_all(t)
+            _hide_from_ancestors(t.store, t.path)  # xarray may have consolidated it above before it failed
         raise
     return zarr.open_group(store=t.store, path=t.path or None, mode="r")

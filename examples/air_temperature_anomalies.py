@@ -1,4 +1,4 @@
-"""Monthly climatology and anomalies of air temperature, opened with xarray's ``engine="gpuzarr"``.
+"""Monthly climatology and anomalies of air temperature, opened with ``gpuzarr_dist.open_dataset``.
 
     python examples/air_temperature_anomalies.py                  # makes a small store in a temporary folder
     python examples/air_temperature_anomalies.py air.zarr --device cpu --out anomalies.zarr
@@ -6,8 +6,8 @@
 The workflow of xarray's air temperature tutorial: 4x daily surface air
 temperature on a 25 x 53 grid over North America for two years, stored the
 way NCEP reanalysis files store it (int16 packed with ``scale_factor=0.01``,
-a ``_FillValue``, CF attributes). ``xr.open_dataset(..., engine="gpuzarr")``
-gives the dataset ``xr.open_zarr`` gives, but ``air`` is read by gpuzarr-dist:
+a ``_FillValue``, CF attributes). ``gz.open_dataset(...)`` gives the dataset
+``xr.open_zarr`` gives, but ``air`` is a dask array read by gpuzarr-dist:
 each dask task reads and decodes a whole block of Zarr chunks in one batch and
 unpacks the int16 values where the block is, on the GPU when one is usable
 (``--device auto``, the default) and on the CPU otherwise.
@@ -80,7 +80,7 @@ def main() -> None:
             make_air_temperature_like(store)
             print(f"wrote a synthetic air temperature store at {store}")
 
-        ds = xr.open_dataset(store, engine="gpuzarr", device=args.device)
+        ds = gz.open_dataset(store, device=args.device)
         air = ds.air  # unpacked from int16 and masked on the device, lazily
         blocks = air.data
         print(f"air: {air.dtype} {dict(air.sizes)}, {blocks.npartitions} block(s) of {blocks.chunksize}, "

@@ -1,4 +1,4 @@
-"""Climatology and anomalies of ERA5-like 2 m temperature, opened with xarray's ``engine="gpuzarr"``.
+"""Climatology and anomalies of ERA5-like 2 m temperature, opened with ``gpuzarr_dist.open_dataset``.
 
     python examples/era5_climatology.py                       # makes a small store in a temporary folder
     python examples/era5_climatology.py era5.zarr --device cpu --out t2m_anomaly.zarr
@@ -7,8 +7,8 @@
 The store is a group holding ``t2m`` (time, latitude, longitude) float32 on
 the ERA5 0.25 degree grid (721 x 1440, one Zarr chunk per time step, zstd)
 next to its coordinates, as ``gpuzarr_dist.demo.make_era5_like`` writes it
-(8 time steps, 33 MB, when no store is given). ``xr.open_dataset(...,
-engine="gpuzarr")`` reads ``t2m`` with gpuzarr-dist: a dask task per block of
+(8 time steps, 33 MB, when no store is given). ``gz.open_dataset(...)``
+reads ``t2m`` with gpuzarr-dist: a dask task per block of
 time steps reads and decodes all of its chunks in one batch, on the GPU when
 one is usable (``--device auto``, the default: cupy chunks) and on the CPU
 otherwise. Coordinates are read by xarray into host memory.
@@ -52,7 +52,7 @@ def main() -> None:
             make_era5_like(store, args.time_steps, component=args.variable)
             print(f"wrote an ERA5-like store with {args.time_steps} time steps at {store}")
 
-        ds = xr.open_dataset(store, engine="gpuzarr", device=args.device, consolidated=False)
+        ds = gz.open_dataset(store, device=args.device, consolidated=False)
         t2m = ds[args.variable]
         blocks = t2m.data
         print(f"{args.variable}: {t2m.dtype} {dict(t2m.sizes)}, {blocks.npartitions} block(s) of {blocks.chunksize}, "

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuzarr_dist.array import write as array_write
-from gpuzarr_dist.xarray.write import dataset_to_zarr_gpu
+from gpuzarr_dist.xarray.write import dataarray_to_dataset, dataset_to_zarr_gpu
 
 #: :func:`to_zarr_gpu`'s keywords that it hands on to :func:`~gpuzarr_dist.xarray.write.dataset_to_zarr_gpu`
 #: for an ``xr.Dataset`` (one list for both signatures; ``tests/test_write_folders.py`` checks them)
@@ -38,7 +38,7 @@ def to_zarr_gpu(
     attributes: dict | None = None,
     dimension_names: Any = None,
 ) -> Any:
-    """Write ``x`` as a Zarr v3 array that zarr-python and tensorstore read unchanged.
+    """Write ``x`` as a Zarr v3 array that zarr-python and tensorstore read unchanged (or an xarray object as a group).
 
     Each dask block is one task that computes it, encodes all its chunks in
     one batch (nvCOMP on the GPU for cupy blocks, numcodecs threads for numpy
@@ -50,8 +50,11 @@ def to_zarr_gpu(
     x
         A dask array with cupy or numpy chunks (other arrays go through ``da.asarray``), or an
         ``xr.Dataset``: then ``component`` is the group, ``chunks``/``shards`` may be
-        ``{dim: size}`` mappings, and the data variables are CF-encoded as xarray would
-        (see :func:`gpuzarr_dist.xarray.write.dataset_to_zarr_gpu`).
+        ``{dim: size}`` mappings (of the dataset's dimensions), and the data variables are
+        CF-encoded as xarray would (see :func:`gpuzarr_dist.xarray.write.dataset_to_zarr_gpu`).
+        An ``xr.DataArray`` is written as ``DataArray.to_zarr`` writes it: a group with the
+        one variable (named, or ``__xarray_dataarray_variable__``), its coordinates and
+        attributes, which ``xr.open_dataarray`` reads back.
     target
         A local path or ``file://`` URL, a remote URL (``s3://...``, through fsspec with
         ``storage_options``), a zarr store, or a ``zarr.Group`` (with ``component``).
@@ -93,12 +96,13 @@ def to_zarr_gpu(
     fill_value, attributes, dimension_names
         Passed to zarr-python's ``create_array`` (for the xarray writer).
     """
-    if type(x).__name__ == "Dataset" and type(x).__module__.startswith("xarray"):
+    if type(x).__name__ in ("Dataset", "DataArray") and type(x).__module__.startswith("xarray"):
         given = locals()
         if resume or fill_value is not None or attributes is not None or dimension_names is not None:
             raise TypeError(f"{', '.join(ARRAY_ONLY_KEYWORDS[:-1])} and {ARRAY_ONLY_KEYWORDS[-1]} apply to arrays, "
-                            "not to a Dataset (xarray writes a Dataset's attributes and fill values from its encoding)")
-        return dataset_to_zarr_gpu(x, target, component, **{k: given[k] for k in DATASET_KEYWORDS})
+                            "not to a Dataset or DataArray (xarray writes a Dataset's attributes and fill values from its encoding)")
+        ds = dataarray_to_dataset(x) if type(x).__name__ == "DataArray" else x
+        return dataset_to_zarr_gpu(ds, target, component, **{k: given[k] for k in DATASET_KEYWORDS})
     return array_write.to_zarr_gpu(
         x, target, component, codec=codec, level=level, chunks=chunks, shards=shards, overwrite=overwrite,
         compute=compute, storage_options=storage_options, crc32c=crc32c, resume=resume, device=device,

@@ -26,7 +26,7 @@ import zarr
 from conftest import dev
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.xarray.backend import GpuZarrBackendEntrypoint, _device_step, _mask, _OnHost
+from gpuzarr_dist.xarray.backend import GpuZarrArray, GpuZarrBackendEntrypoint, _device_step, _mask, _OnHost
 
 pytestmark = [
     pytest.mark.usefixtures("device"),
@@ -123,6 +123,18 @@ def read_by_gpuzarr(ds: xr.Dataset) -> set[str]:
     return out
 
 
+def read_lazily_by_gpuzarr(ds: xr.Dataset) -> set[str]:
+    """Names of the data variables whose lazily indexed data xarray reads through a GpuZarrArray."""
+    out = set()
+    for name, v in ds.data_vars.items():
+        data = v.variable._data
+        while hasattr(data, "array") and not isinstance(data, GpuZarrArray):
+            data = data.array
+        if isinstance(data, GpuZarrArray):
+            out.add(name)
+    return out
+
+
 def assert_same_dataset(actual: xr.Dataset, expected: xr.Dataset) -> None:
     """assert_identical (values, dtypes, attributes, coordinates), and the same encodings."""
     assert repr(actual.encoding) == repr(expected.encoding)
@@ -156,14 +168,22 @@ def test_engine_gpuzarr_identical_to_open_zarr(stores, layout):
     assert "gpuzarr" in xr.backends.list_engines()
     path = stores[layout]
     ds = xr.open_dataset(path, engine="gpuzarr", device=dev())
-    assert read_by_gpuzarr(ds) == NUMERIC_VARS  # .data is the gpuzarr array inside xarray's wrapper
-    assert_same_dataset(ds, xr.open_zarr(path))
+    assert read_lazily_by_gpuzarr(ds) == NUMERIC_VARS  # lazily indexed, as with engine="zarr"
+    assert not ds.chunks
+    assert_same_dataset(ds, xr.open_dataset(path, engine="zarr"))
 
 
 def test_engine_accepts_blocks_and_backend_class(stores):
     ds = xr.open_dataset(stores["v3"], engine=GpuZarrBackendEntrypoint, device=dev(), blocks={"time": 4})
-    assert ds.air.variable.data.chunks[0] == (4, 4, 4)
-    assert_same_dataset(ds, xr.open_zarr(stores["v3"]))
+    assert read_lazily_by_gpuzarr(ds) == NUMERIC_VARS
+    assert_same_dataset(ds, xr.open_dataset(stores["v3"], engine="zarr"))
+
+
+def test_engine_with_xarray_chunks_gives_dask_arrays(stores):
+    ds = xr.open_dataset(stores["v3"], engine="gpuzarr", device=dev(), chunks={})
+    ref = xr.open_zarr(stores["v3"])
+    assert ds.air.chunks == ref.air.chunks  # xarray's chunks: the Zarr chunks (preferred_chunks)
+    xr.testing.assert_identical(ds.load(), ref.load())
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,10 @@
 xarray's own zarr engine opens the store: metadata (consolidated when
 present), groups, dimensions, coordinates, attributes, encodings and the CF
 decoding plan all come from it, so a dataset opened here is the one
-``xr.open_zarr`` gives. Then each data variable's lazily indexed zarr-python
-array is replaced by a dask array from :func:`~gpuzarr_dist.from_zarr_gpu`
-(cupy chunks on the GPU), and the CF decoding steps xarray chose for that
+``xr.open_zarr`` gives. Then each numeric data variable is read by gpuzarr.
+For :func:`open_dataset`, its lazily indexed zarr-python array is replaced by
+a dask array from :func:`~gpuzarr_dist.from_zarr_gpu` (cupy chunks on the
+GPU), and the CF decoding steps xarray chose for that
 variable (``_Unsigned``, ``_FillValue``/``missing_value`` masking,
 ``scale_factor``/``add_offset`` unpacking, byte order, booleans) are applied to
 it block by block, with the parameters xarray chose, in array operations that
@@ -14,19 +15,26 @@ host memory, as does any variable gpuzarr does not read as numbers: times and
 timedeltas (decoded by pandas/cftime on the host), strings, and arrays whose
 codecs gpuzarr cannot decode yet (with a warning).
 
-Two entry points, one dataset:
+Two entry points, the same variables, two kinds of data:
 
-- :func:`open_dataset` returns the data variables as plain dask arrays.
-- ``xr.open_dataset(path, engine="gpuzarr")`` builds the same dataset, but
-  xarray then wraps every variable a backend returns (for its caching):
-  ``ds[name].data`` is still the gpuzarr dask array, while ``ds.chunks`` is
-  empty. xarray's own ``chunks=`` would rechunk the variables through its
-  generic path, which computes each of its chunks separately into host
-  memory (xarray issue #8810): choose the blocks with ``blocks=`` instead.
+- :func:`open_dataset` returns the data variables as plain dask arrays
+  (gpuzarr's blocks; cupy chunks on the GPU) with the CF decoding fused into
+  each block's task. ``.load()``/``.compute()`` compute them: numpy arrays on
+  the CPU, cupy arrays on the GPU (``.as_numpy()`` copies them to the host).
+- ``xr.open_dataset(path, engine="gpuzarr")`` follows xarray's contract for a
+  backend: the data variables are lazily indexed arrays, and reading any part
+  of one (``.values``, ``.load()``, ``.compute()``, ``load_async()``,
+  indexing) reads the Zarr chunks it needs in batches through gpuzarr
+  (decoded on the GPU when the device is the GPU), then xarray applies its CF
+  decoding in host memory: the data are numpy arrays, as from every xarray
+  backend, and are read once when xarray caches them. xarray's ``chunks=``
+  makes dask arrays over them as it does for ``engine="zarr"``: each of
+  xarray's chunks is one batched gpuzarr read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import warnings
@@ -36,21 +44,22 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
-from xarray.backends import BackendEntrypoint
+from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.backends.zarr import ZarrArrayWrapper, ZarrBackendEntrypoint
 from xarray.coding import variables as _cf
 from xarray.core import indexing
 
 from gpuzarr_dist.array.read import from_zarr_gpu
 from gpuzarr_dist.cuda.device import array_module, resolve_device
-from gpuzarr_dist.errors import GpuZarrError
+from gpuzarr_dist.errors import GpuZarrError, MetadataError
+from gpuzarr_dist.xarray.write import PENDING_DOCUMENT
 
 try:  # xarray >= 2025.01 moved it to coding.common
     from xarray.coding.common import _ElementwiseFunctionArray
 except ImportError:  # pragma: no cover - older xarray
     from xarray.coding.variables import _ElementwiseFunctionArray
 
-__all__ = ["GpuZarrBackendEntrypoint", "open_dataset"]
+__all__ = ["GpuZarrArray", "GpuZarrBackendEntrypoint", "open_dataset"]
 
 #: decoded dtypes gpuzarr reads; times, timedeltas and strings stay with xarray
 _NUMERIC = "biufc"
@@ -120,12 +129,14 @@ def _device_step(func: Any, device: str, name: Hashable) -> Any:
     return _OnHost(func)
 
 
-def _decoding_chain(data: Any) -> tuple[list[tuple[Any, np.dtype]], Any] | None:
+def _decoding_chain(data: Any) -> tuple[list[tuple[Any, np.dtype]], indexing.LazilyIndexedArray] | None:
     """Unwrap xarray's lazy decoding wrappers down to the zarr array.
 
-    Returns ``(steps, zarr_array)`` with the steps innermost first, each a
-    ``(function or "cast", dtype)`` pair, or None when the structure is not the
-    one xarray's zarr engine builds (an indexed view, an unknown wrapper).
+    Returns ``(steps, lazy)`` with the steps innermost first, each a
+    ``(function or "cast", dtype)`` pair, and ``lazy`` the unindexed
+    ``LazilyIndexedArray`` over xarray's ``ZarrArrayWrapper``; or None when the
+    structure is not the one xarray's zarr engine builds (an indexed view, an
+    unknown wrapper).
     """
     steps: list[tuple[Any, np.dtype]] = []
     while True:
@@ -136,14 +147,49 @@ def _decoding_chain(data: Any) -> tuple[list[tuple[Any, np.dtype]], Any] | None:
         elif isinstance(data, indexing.LazilyIndexedArray):
             if any(k != slice(None) for k in data.key.tuple):
                 return None
-            inner = data.array
-            if not isinstance(inner, ZarrArrayWrapper):
+            if not isinstance(data.array, ZarrArrayWrapper):
                 return None
             steps.reverse()
-            return steps, inner.get_array()
+            return steps, data
         else:
             return None
         data = data.array
+
+
+class GpuZarrArray(BackendArray):
+    """A Zarr array's encoded values, read through gpuzarr-dist, for xarray's lazy indexing.
+
+    ``xr.open_dataset(..., engine="gpuzarr")`` puts it where xarray's zarr
+    engine puts its ``ZarrArrayWrapper``: xarray's CF decoding wraps it and its
+    caching and ``chunks=`` work as for ``engine="zarr"``. Each read of a
+    selection (a slice or one list of indices per axis, which xarray's outer
+    indexing reduces to) is a :func:`~gpuzarr_dist.from_zarr_gpu` dask array
+    sliced to it and computed in the calling thread: only the Zarr chunks the
+    selection touches are read, in one batch per block, and the result is a
+    numpy array in host memory on either device.
+    """
+
+    __slots__ = ("_x", "dtype", "name", "shape")
+
+    def __init__(self, x: Any, name: Hashable):
+        self._x = x  # the dask array from from_zarr_gpu (numpy or cupy blocks)
+        self.shape = x.shape
+        self.dtype = x.dtype
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"GpuZarrArray({self.name!r}, shape={self.shape}, dtype={self.dtype})"
+
+    def _read(self, key: tuple) -> np.ndarray:
+        out = self._x[key].compute(scheduler="sync")
+        xp = array_module(out)
+        return np.asarray(out) if xp is np else xp.asnumpy(out)
+
+    def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.OUTER_1VECTOR, self._read)
+
+    async def async_getitem(self, key: indexing.ExplicitIndexer) -> np.ndarray:
+        return await asyncio.to_thread(self.__getitem__, key)
 
 
 # --------------------------------------------------------------------------- blocks
@@ -167,8 +213,13 @@ def _blocks_for(blocks: Any, dims: tuple[Hashable, ...]) -> Any:
 # --------------------------------------------------------------------------- the dataset
 
 
-def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any) -> xr.Dataset:
-    """Replace the data of ``ds``'s numeric data variables by decoded gpuzarr dask arrays, in place."""
+def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any, lazy: bool) -> xr.Dataset:
+    """Read ``ds``'s numeric data variables through gpuzarr, in place.
+
+    ``lazy=False``: each variable's data becomes a decoded gpuzarr dask array.
+    ``lazy=True``: xarray's zarr array wrapper under the variable's lazy
+    decoding becomes a :class:`GpuZarrArray`.
+    """
     _check_blocks(blocks, ds.sizes)
     for name in ds.data_vars:
         var = ds.variables[name]
@@ -177,7 +228,8 @@ def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any) -> xr.Dataset:
         found = _decoding_chain(var._data)
         if found is None:
             continue
-        steps, zarr_array = found
+        steps, lazy_array = found
+        zarr_array = lazy_array.array.get_array()
         if zarr_array.dtype.kind not in _NUMERIC:
             continue
         var_blocks = _blocks_for(blocks, var.dims)
@@ -185,6 +237,9 @@ def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any) -> xr.Dataset:
             x = from_zarr_gpu(zarr_array, chunks=var_blocks, device=device)
         except GpuZarrError as e:  # e.g. a codec gpuzarr cannot decode yet: xarray's reader keeps it
             warnings.warn(f"variable {name!r} is read by xarray's zarr engine instead of gpuzarr: {e}", stacklevel=3)
+            continue
+        if lazy:
+            lazy_array.array = GpuZarrArray(x, name)
             continue
         for func, dtype in steps:
             fn = partial(_cast, dtype=dtype) if func == "cast" else _device_step(func, device, name)
@@ -207,6 +262,10 @@ def _open_error(e: Exception, source: Any, group: str | None, storage_options: d
     path = source.removeprefix("file://")
     if local and not os.path.exists(path):
         return FileNotFoundError(errno.ENOENT, f"No such Zarr store: {source!r}", source)
+    if local and os.path.exists(os.path.join(path, *(group or "").strip("/").split("/"), PENDING_DOCUMENT)):
+        where = f"group {group!r} in {source}" if group and group.strip("/") else source
+        return MetadataError(f"{where}: a to_zarr_gpu write that did not finish (its group document is still "
+                             f"{PENDING_DOCUMENT}); write it again: to_zarr_gpu replaces it")
     try:
         root = zarr.open(source, mode="r", storage_options=None if local else storage_options)
     except Exception:
@@ -228,21 +287,34 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
     """``xr.open_dataset(path, engine="gpuzarr", device=..., blocks=...)``.
 
     Opens the store with xarray's zarr engine and reads the data variables
-    with gpuzarr-dist (see the module docstring). Backend arguments besides
-    xarray's zarr ones:
+    with gpuzarr-dist as lazily indexed arrays (:class:`GpuZarrArray`, see the
+    module docstring): ``.load()``, ``.compute()``, ``load_async()`` and
+    ``.values`` give numpy arrays, read once when xarray caches them. Backend
+    arguments besides xarray's zarr ones:
 
     device
-        ``"auto"`` (GPU when usable), ``"gpu"`` (cupy chunks) or ``"cpu"``.
+        ``"auto"`` (GPU when usable), ``"gpu"`` (chunks decoded on the GPU,
+        then copied to host memory) or ``"cpu"``.
     blocks
-        gpuzarr's block sizes: ``"auto"`` (whole multiples of the Zarr chunks
-        of about ``gpuzarr.block-size.{cpu,gpu}``), a byte size (``"512 MiB"``),
-        a mapping from dimension to block size (other dimensions ``"auto"``),
-        or chunks passed to each variable's ``from_zarr_gpu``.
+        The unit of one batched read within a load: ``"auto"`` (whole
+        multiples of the Zarr chunks of about ``gpuzarr.block-size.{cpu,gpu}``),
+        a byte size (``"512 MiB"``), a mapping from dimension to block size
+        (other dimensions ``"auto"``), or chunks passed to each variable's
+        ``from_zarr_gpu``.
     """
 
     description = "Open Zarr stores with the data variables read and decoded in batches by gpuzarr-dist (GPU or CPU)"
     url = "https://github.com/gpuzarr-dist/gpuzarr-dist"
     supports_groups = False
+    #: xarray derives this from the signature only for engines it lists (``list_engines``); set here, an
+    #: engine passed as a class (``engine=GpuZarrBackendEntrypoint``) works in a fresh process too
+    open_dataset_parameters = (
+        "filename_or_obj", "mask_and_scale", "decode_times", "concat_characters", "decode_coords",
+        "drop_variables", "use_cftime", "decode_timedelta", "group", "consolidated", "storage_options",
+        "zarr_format", "use_zarr_fill_value_as_mask", "mode", "store", "cache_members", "device", "blocks",
+    )
+    #: True: lazily indexed arrays (xarray's backend contract); False: gpuzarr dask arrays (``open_dataset``)
+    lazy = True
 
     def guess_can_open(self, filename_or_obj: Any) -> bool:
         return False  # never chosen unless asked for: engine="zarr" stays the default for .zarr
@@ -263,6 +335,9 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
         storage_options: dict | None = None,
         zarr_format: int | None = None,
         use_zarr_fill_value_as_mask: bool | None = None,
+        mode: str = "r",
+        store: Any = None,
+        cache_members: bool = True,
         device: str = "auto",
         blocks: Any = "auto",
     ) -> xr.Dataset:
@@ -279,6 +354,9 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
             consolidated=consolidated,
             storage_options=storage_options,
             zarr_format=zarr_format,
+            mode=mode,
+            store=store,
+            cache_members=cache_members,
         )
         if use_zarr_fill_value_as_mask is not None:
             kwargs["use_zarr_fill_value_as_mask"] = use_zarr_fill_value_as_mask
@@ -290,10 +368,16 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
                 raise
             raise clear from e
         try:
-            return _read_with_gpuzarr(ds, dev, blocks)
+            return _read_with_gpuzarr(ds, dev, blocks, self.lazy)
         except BaseException:
             ds.close()
             raise
+
+
+class _DaskBackend(GpuZarrBackendEntrypoint):
+    """The engine :func:`open_dataset` uses: data variables as gpuzarr dask arrays."""
+
+    lazy = False
 
 
 def _unwrap(ds: xr.Dataset) -> xr.Dataset:
@@ -325,7 +409,9 @@ def open_dataset(
     numeric data variable is a dask array built by :func:`from_zarr_gpu`: one
     task per block reads and decodes all of the block's Zarr chunks in one
     batch, and the CF decoding runs on the block where it is (cupy chunks on
-    the GPU). Coordinates are read by xarray into host memory.
+    the GPU). Coordinates are read by xarray into host memory. ``.load()`` and
+    ``.compute()`` compute the dask arrays: numpy arrays on the CPU, cupy
+    arrays (left on the device) on the GPU.
 
     Parameters
     ----------
@@ -356,7 +442,7 @@ def open_dataset(
             raise TypeError(f"open_dataset() does not take {key}=")
     ds = xr.open_dataset(
         source,
-        engine=GpuZarrBackendEntrypoint,
+        engine=_DaskBackend,
         chunks=None,
         device=device,
         blocks=chunks,

@@ -35,7 +35,6 @@ Two entry points, the same variables, two kinds of data:
 from __future__ import annotations
 
 import asyncio
-import errno
 import os
 import warnings
 from collections.abc import Hashable, Iterable, Mapping
@@ -51,7 +50,8 @@ from xarray.core import indexing
 
 from gpuzarr_dist.array.read import from_zarr_gpu
 from gpuzarr_dist.cuda.device import array_module, resolve_device
-from gpuzarr_dist.errors import GpuZarrError, MetadataError
+from gpuzarr_dist.errors import GpuZarrError, GroupNotFoundError, MetadataError, NotAGroupError
+from gpuzarr_dist.stores.source import bad_document_error
 from gpuzarr_dist.xarray.write import PENDING_DOCUMENT
 
 try:  # xarray >= 2025.01 moved it to coding.common
@@ -251,7 +251,11 @@ def _read_with_gpuzarr(ds: xr.Dataset, device: str, blocks: Any, lazy: bool) -> 
 
 
 def _open_error(e: Exception, source: Any, group: str | None, storage_options: dict | None) -> Exception:
-    """A clearer error for a store or group that is not there, or that is an array; else ``e`` itself."""
+    """A clearer error for a store or group that is not there, or that is an array, or for metadata nested too
+    deeply to parse; else ``e`` itself."""
+    if isinstance(e, RecursionError):
+        return MetadataError(f"{source}: a metadata document (.zmetadata, zarr.json, .zarray or .zattrs) is nested "
+                             "too deeply to parse")
     if isinstance(source, os.PathLike):
         source = os.fspath(source)
     if not isinstance(source, str):
@@ -261,7 +265,7 @@ def _open_error(e: Exception, source: Any, group: str | None, storage_options: d
     local = "://" not in source or source.startswith("file://")
     path = source.removeprefix("file://")
     if local and not os.path.exists(path):
-        return FileNotFoundError(errno.ENOENT, f"No such Zarr store: {source!r}", source)
+        return GroupNotFoundError(source, f"No such Zarr store: {source!r}")
     if local and os.path.exists(os.path.join(path, *(group or "").strip("/").split("/"), PENDING_DOCUMENT)):
         where = f"group {group!r} in {source}" if group and group.strip("/") else source
         return MetadataError(f"{where}: a to_zarr_gpu write that did not finish (its group document is still "
@@ -271,15 +275,15 @@ def _open_error(e: Exception, source: Any, group: str | None, storage_options: d
     except Exception:
         return e
     if isinstance(root, zarr.Array):
-        return ValueError(f"{source} is a Zarr array, not a group: read it with gpuzarr_dist.from_zarr_gpu")
+        return NotAGroupError(f"{source} is a Zarr array, not a group: read it with gpuzarr_dist.from_zarr_gpu")
     if not group or group.strip("/") == "":
         return e
     node = root.get(group.strip("/"))
     if node is None:
         groups = sorted(p for p, n in root.members(max_depth=None) if isinstance(n, zarr.Group))
-        return FileNotFoundError(errno.ENOENT, f"No Zarr group {group!r} in {source}; groups there: {groups}", source)
+        return GroupNotFoundError(source, f"No Zarr group {group!r} in {source}; groups there: {groups}")
     if isinstance(node, zarr.Array):
-        return ValueError(f"{group!r} in {source} is a Zarr array, not a group; open the group that holds it")
+        return NotAGroupError(f"{group!r} in {source} is a Zarr array, not a group; open the group that holds it")
     return e
 
 
@@ -364,6 +368,8 @@ class GpuZarrBackendEntrypoint(BackendEntrypoint):
             ds = ZarrBackendEntrypoint().open_dataset(filename_or_obj, **kwargs)
         except Exception as e:
             clear = _open_error(e, filename_or_obj, group, storage_options)
+            if clear is e and isinstance(filename_or_obj, (str, os.PathLike)):
+                clear = bad_document_error(os.fspath(filename_or_obj), e) or e
             if clear is e:
                 raise
             raise clear from e

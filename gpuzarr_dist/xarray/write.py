@@ -34,7 +34,7 @@ import numpy as np
 import xarray as xr
 import zarr
 
-from gpuzarr_dist.array.write import write_array_graph
+from gpuzarr_dist.array.write import FolderPrefetch, write_array_graph
 from gpuzarr_dist.core.layout import plan_layout
 from gpuzarr_dist.errors import ArrayExistsError
 from gpuzarr_dist.stores.target import codec_objects, join_path, open_target
@@ -289,17 +289,19 @@ def dataset_to_zarr_gpu(
         held_back = True
         ancestors = _hide_from_ancestors(t.store, t.path)
         parts = []
+        folders = FolderPrefetch()  # the chunks' folders made ahead while the data computes (compute=True only)
         for name, x in ours.items():
             sub = open_target(t.store, join_path(t.path, str(name)), None)
             sub.name = f"{t.name}/{name}"
             arr = zarr.open_array(store=t.store, path=sub.path, mode="r+")
-            parts.append(write_array_graph(x, arr, sub, device=device))
+            parts.append(write_array_graph(x, arr, sub, device=device, folders=folders))
         total = da.stack(parts).sum() if parts else da.zeros((), dtype=np.int64)
         total = total.map_blocks(_finish, store=t.store, path=t.path, doc=doc, ancestors=ancestors,
                                  dtype=total.dtype, meta=total._meta)
         if not compute:
             return total
-        total.compute()
+        with folders:
+            total.compute()
     except BaseException as e:
         # what this call created goes, so the target is as if never written; but not what another writer
         # created there meanwhile (zarr refuses mode "w-" before it writes anything)

@@ -81,6 +81,8 @@ class ZarrLoader:
         As for :class:`~gpuzarr_dist.array.windows.WindowSampler`
         (``component``: the group or array inside ``source``).
 
+    Notes
+    -----
     On the GPU a batch is ready on the consuming stream (torch's current
     stream for ``"torch"``, CuPy's for ``"cupy"``) when it is yielded: that
     stream waits for the batch's writes on the device, and the host does not

@@ -131,15 +131,17 @@ def test_gpu_workers_are_warmed_before_start_cluster_returns(monkeypatch, tmp_pa
     monkeypatch.setattr(cluster_mod, "_local_cuda_cluster_class", lambda: FakeLocalCUDACluster)
     monkeypatch.setattr(cluster_mod, "share_device_pool", lambda: "fake pool")
     monkeypatch.setattr(warm, "warm_dask_worker", fake_warm)
+    comms = []
+    monkeypatch.setattr(warm, "warm_comms", lambda client: comms.append(len(client.scheduler_info()["workers"])))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with gz.start_cluster(2, threads_per_gpu=3, quiet=True) as client:
         states = client.run(cluster_mod.worker_state)
-    assert calls == [3, 3]
+    assert calls == [3, 3] and comms == [2]  # each worker's threads, then the connections between them
     assert all(s["warm"]["threads"] == 3 for s in states.values())
     calls.clear()
     with dask.config.set({"gpuzarr.cluster.warm": False}), gz.start_cluster(1, quiet=True):
         pass
-    assert calls == []
+    assert calls == [] and comms == [2]
 
 
 @pytest.mark.gpu
@@ -152,3 +154,12 @@ def test_warm_worker_on_the_gpu():
     assert done["threads"] == 3 and staging_pool().free_bytes() >= 3 * (256 << 20)
     again = warm_worker(3)
     assert again["pinned_bytes"] == 0  # the buffers pinned the first time serve the second
+
+
+@pytest.mark.gpu
+def test_start_cluster_warms_the_connections_between_gpu_workers():
+    """start_cluster moves a device array between its workers before it returns (one worker per visible GPU)."""
+    pytest.importorskip("dask_cuda")
+    with gz.start_cluster(device="gpu", threads_per_gpu=2, dashboard_address=None, quiet=True) as client:
+        states = client.run(cluster_mod.worker_state)
+        assert all(s["warm"]["threads"] == 2 for s in states.values()), states

@@ -3,7 +3,7 @@ on 1, 2 (and 4) GPUs against the same pipeline in plain dask on all of the machi
 
 The workload, as an xarray user writes it::
 
-    ds = xr.open_dataset(store, engine="gpuzarr")                  # CPU row: xr.open_zarr(store, chunks="auto")
+    ds = gz.open_dataset(store)                                    # CPU row: xr.open_zarr(store, chunks="auto")
     t2m = ds.t2m
     clim = groupby(t2m, "time.month").mean("time").persist()        # CPU row: t2m.groupby("time.month") (flox)
     anom = groupby(t2m, "time.month") - clim
@@ -103,7 +103,7 @@ def gpuzarr_workload(store: str, out: str, device: str, steps: int | None = None
     from gpuzarr_dist.xarray.groupby import groupby
 
     t0 = time.perf_counter()
-    ds = xr.open_dataset(store, engine="gpuzarr", device=device)
+    ds = gz.open_dataset(store, device=device)  # dask arrays of gpuzarr blocks (the engine reads lazily into numpy)
     if steps is not None:
         ds = ds.isel(time=slice(0, steps))
     t2m = ds.t2m

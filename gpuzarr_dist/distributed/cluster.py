@@ -387,6 +387,10 @@ def start_cluster(
         client._start_arg = None
         client.register_plugin(plugin, name=PLUGIN_NAME)
         client.wait_for_workers(n_workers, timeout=dask.config.get("distributed.comm.timeouts.connect"))
+        if plugin.device == "gpu" and (cluster_warm() if plugin.warm is None else plugin.warm):
+            from gpuzarr_dist.distributed.warm import warm_comms
+
+            warm_comms(client)
     except BaseException:
         cluster.close()
         raise

@@ -114,3 +114,35 @@ async def warm_dask_worker(worker: Any) -> dict[str, Any]:
 
         shutil.rmtree(root, ignore_errors=True)
     return {"seconds": time.perf_counter() - t0, "pinned_bytes": pinned, "threads": n}
+
+
+def _device_probe(n: int = 1 << 18) -> Any:
+    """A small device array made on this worker (1 MiB of float32 ones)."""
+    from gpuzarr_dist.cuda.device import device_empty
+
+    a = device_empty((n,), np.float32)
+    a.fill(1)
+    return a
+
+
+def _device_total(a: Any) -> float:
+    return float(a.sum())
+
+
+def warm_comms(client: Any) -> None:
+    """Move a small device array from every GPU worker to every other one, and one to the client.
+
+    A fresh cluster's first computation otherwise opens each connection
+    between workers, and between a worker and the client, and loads the
+    serializers of device arrays, while it waits for its first partial
+    results to travel.
+    """
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    made = {w: client.submit(_device_probe, workers=[w], pure=False) for w in workers}
+    used = [client.submit(_device_total, made[v], workers=[w], pure=False)
+            for w in workers for v in workers if v != w]
+    totals = client.gather(used)
+    if any(t != float(1 << 18) for t in totals):
+        raise RuntimeError(f"gpuzarr-dist's warm-up moved a device array between workers and got {totals}")
+    first = client.gather(made[workers[0]]) if workers else None
+    del first, made

@@ -118,11 +118,31 @@ def _delete(store: Any, key: str) -> None:
     sync(store.delete(key))
 
 
+#: how long a failed write's clean-up keeps trying while the blocks already being written finish
+REMOVE_PATIENCE_S = 30.0
+
+
 def _remove_all(target: Any) -> None:
-    """Delete everything under the target's path (the whole store for ``""``), and its empty local folder."""
+    """Delete everything under the target's path (the whole store for ``""``), and its empty local folder.
+
+    After a task failed, dask's local scheduler raises at once while the
+    tasks already running finish their blocks, so a removal can meet a folder
+    that is still being written: it is tried again until they are done
+    (:data:`REMOVE_PATIENCE_S`).
+    """
+    import time
+
     from zarr.core.sync import sync
 
-    sync(target.store.delete_dir(target.path))
+    deadline = time.monotonic() + REMOVE_PATIENCE_S
+    while True:
+        try:
+            sync(target.store.delete_dir(target.path))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     if target.local_root is not None:
         folder = os.path.join(target.local_root, *[p for p in target.path.split("/") if p])
         with contextlib.suppress(OSError):  # not empty (another writer's files) or gone: leave it
@@ -307,7 +327,11 @@ def dataset_to_zarr_gpu(
         # created there meanwhile (zarr refuses mode "w-" before it writes anything)
         refused = isinstance(e, (zarr.errors.ContainsGroupError, zarr.errors.ContainsArrayError)) and not held_back
         if not refused:
-            _remove_all(t)
-            _hide_from_ancestors(t.store, t.path)  # xarray may have consolidated it above before it failed
+            try:
+                _remove_all(t)
+                _hide_from_ancestors(t.store, t.path)  # xarray may have consolidated it above before it failed
+            except Exception as cleanup:  # the write's own error is the one to see
+                e.add_note(f"{t.name}: removing what the failed write created also failed ({cleanup}); "
+                           "delete the target before writing it again")
         raise
     return zarr.open_group(store=t.store, path=t.path or None, mode="r")

@@ -266,3 +266,24 @@ def test_bench_remote_quick(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "raw GET, obstore" in out and "of the raw GET rate" in out
     assert (tmp_path / "bench-remote.json").exists()
+
+
+@pytest.mark.slow
+def test_bench_scale_quick(tmp_path, capsys):
+    """``bench scale --quick`` on 1 and 2 CPU worker processes: every row warmed and repeated, the transfer counts
+    and busy fractions, a fresh cluster's first computation with and without the warm-up, the time means checked
+    against the float64 mean summed while the data was written (the run exits 1 on a mismatch)."""
+    code, out, err = run_cli(capsys, "bench", "scale", "--quick", "--device", "cpu", "--repeats", "2", "--no-report",
+                             "--out", str(tmp_path / "res"), "--path", str(tmp_path / "data"))
+    assert code == 0, out + err
+    with open(tmp_path / "res" / "bench-scale.json") as f:
+        result = json.load(f)
+    rows = {r["name"]: r for r in result["rows"]}
+    assert {"0.05 GB/GPU time mean: 1 worker(s)", "0.05 GB/GPU time mean: 2 worker(s)",
+            "0.05 GB/GPU time mean: 2 worker(s), dask placement"} <= set(rows)
+    two = rows["0.05 GB/GPU time mean: 2 worker(s)"]["extra"]
+    assert len(two["times"]) == 2 and two["placement"] is True and len(two["busy"]) == 2
+    first = [r for n, r in rows.items() if "first compute" in n]
+    assert len(first) == 2 and all(r["extra"]["first_tasks"]["compute"] > 0 for r in first)
+    assert result["meta"]["large"]["error"] < 1e-5  # every store on one worker, against the reference mean
+    assert "of the aggregate ceiling" not in out and "of the ceiling" in out

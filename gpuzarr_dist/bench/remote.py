@@ -38,8 +38,8 @@ import time
 from typing import Any
 
 from gpuzarr_dist import config
-from gpuzarr_dist.bench.report import Row, format_table, save
-from gpuzarr_dist.bench.shards import _best, _stored, write_variants
+from gpuzarr_dist.bench.report import Row, best_of, format_table, save
+from gpuzarr_dist.bench.shards import _stored, write_variants
 
 
 def _objects(root: str) -> list[str]:
@@ -149,7 +149,7 @@ def run(args) -> int:
             t_fs = _raw_s3fs(endpoint, bucket, keys, concurrency)
             if t_fs is not None:
                 rows.append(Row(f"{name}: raw GET, s3fs", "warm", t_fs, stored, note="no decode"))
-            t_ours = _best(_mean_s3(f"s3://{bucket}/{name}.zarr", opts, device, threads), repeat)
+            t_ours = best_of(_mean_s3(f"s3://{bucket}/{name}.zarr", opts, device, threads), repeat)
             rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
                             note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
     finally:

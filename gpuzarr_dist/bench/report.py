@@ -4,7 +4,27 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+def timed(fn: Callable[[], Any], repeats: int, warm: bool = True) -> list[float]:
+    """Seconds of ``repeats`` calls of ``fn``, after one untimed call when ``warm``."""
+    if warm:
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn`` after one untimed call."""
+    return min(timed(fn, repeats))
 
 
 @dataclass

@@ -32,11 +32,10 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from gpuzarr_dist.bench.files import chunk_files
-from gpuzarr_dist.bench.report import Row, save
+from gpuzarr_dist.bench.report import Row, save, timed
 
 STEP_BYTES = 721 * 1440 * 4
 _sampler: dict[str, Any] = {}
@@ -91,17 +90,6 @@ def _gpu_count() -> int:
     import cupy
 
     return cupy.cuda.runtime.getDeviceCount()
-
-
-def _timed(fn: Callable[[], Any], repeats: int, warm: bool = True) -> list[float]:
-    if warm:
-        fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def stream_stats(records: list[dict], nthreads: dict[str, int]) -> dict[str, Any]:
@@ -221,7 +209,7 @@ class _Bench:
         workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
         by_worker = {w: self.files[i][:steps] for i, w in enumerate(workers)}
         threads = io_threads()
-        times = _timed(lambda: client.run(_ceiling_in_worker, by_worker, threads, self.device), self.repeats)
+        times = timed(lambda: client.run(_ceiling_in_worker, by_worker, threads, self.device), self.repeats)
         best, med = _summary(times)
         comp = self.stored(n, gb)
         what = " + copy to GPU" if self.device == "gpu" else ""
@@ -246,7 +234,7 @@ class _Bench:
             stats.append(stream_stats(ts.data, nthreads))
 
         with dask.config.set({"gpuzarr.cluster.placement": placement}):
-            times = _timed(once, self.repeats)
+            times = timed(once, self.repeats)
             stats = stats[1:]  # the untimed run's
             report = None
             if self.report and n == max(self.counts) and placement and _have_bokeh():
@@ -286,7 +274,7 @@ class _Bench:
                 x.mean(axis=0).compute()
                 second = time.perf_counter() - t0
             second_tasks = task_seconds(ts.data, t0)
-            times = [second, *_timed(lambda: x.mean(axis=0).compute(), self.repeats - 1, warm=False)]
+            times = [second, *timed(lambda: x.mean(axis=0).compute(), self.repeats - 1, warm=False)]
         med = statistics.median(times)
         where = (f"task seconds {first_tasks['compute']:.2f} vs {second_tasks['compute']:.2f} warm, "
                  f"first task started {first_tasks['first_start']:.3f} vs {second_tasks['first_start']:.3f} s "
@@ -322,7 +310,7 @@ class _Bench:
             if self.device == "gpu":
                 client.run(_start_sampler)
             results = []
-            times = _timed(lambda: results.append(x.mean(axis=0).compute()), self.repeats)
+            times = timed(lambda: results.append(x.mean(axis=0).compute()), self.repeats)
             peak, total = next(iter(client.run(_stop_sampler).values())) if self.device == "gpu" else (0, 0)
         m = results[-1]
         m = m.get() if hasattr(m, "get") else np.asarray(m)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from gpuzarr_dist.bench.report import Row, format_table, save
+from gpuzarr_dist.bench.report import Row, best_of, format_table, save
 
 OURS = "gpuzarr-dist, sharded 256 KiB inner chunks"
 #: the chunk cache of tensorstore's cached rows: more than a group of windows here decodes (the whole array is 0.8 GB)
@@ -75,16 +75,6 @@ def _mean(path: str, device: str, threads: int) -> Callable[[], None]:
             float(x.mean(axis=0).compute()[0, 0])
 
     return run
-
-
-def _best(fn: Callable[[], None], repeat: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def call_sizes(batch: int) -> list[int]:
@@ -157,7 +147,7 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
         for s in starts[:m]:
             a[tuple(slice(int(v), int(v) + w) for v, w in zip(s, window))]
 
-    t = _best(zp, 1)
+    t = best_of(zp, 1)
     out.append(("zarr-python a[window], one per call", m / t, f"{m} windows"))
     try:
         import tensorstore as ts
@@ -177,7 +167,7 @@ def window_rates(path: str, device: str, window: tuple[int, ...], n: int, batch:
 
     for size in sizes:
         for cached in (False, True):
-            t = _best(lambda: tsr(size, cached), 1)
+            t = best_of(lambda: tsr(size, cached), 1)
             out.append((f"tensorstore{' with a chunk cache per group' if cached else ''}, {size} reads in flight",
                         n / t, "" if not cached else "shared decodes within a group"))
     return out, stage_times
@@ -240,7 +230,7 @@ def run(args) -> int:
     for k, p in paths.items():
         stages.enable()
         stages.reset()
-        rows.append(Row(names[k], "warm", _best(_mean(p, device, threads), repeat), nbytes))
+        rows.append(Row(names[k], "warm", best_of(_mean(p, device, threads), repeat), nbytes))
         stage_tables.append((names[k], stages.snapshot()))
         stages.enable(False)
     print("(a) time mean, sharded against unsharded")

@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from gpuzarr_dist.bench.report import best_of
 
 
 def block_writer(folder: str, block_shape: tuple[int, ...], nblocks: int, dtype: Any, chunk: tuple[int, ...],
@@ -41,16 +42,6 @@ def block_writer(folder: str, block_shape: tuple[int, ...], nblocks: int, dtype:
     spec = spec_from_zarr_metadata(arr.metadata, t.name)
     chunks = tuple((b,) * (s // b) for b, s in zip(block_shape, shape))
     return BlockWriter(spec, t.writer(t.name), chunks, device)
-
-
-def _best(fn: Callable[[], Any], repeat: int = 3) -> float:
-    fn()
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return min(out)
 
 
 def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | None, gpu: bool,
@@ -80,7 +71,7 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
                 stream.synchronize()
                 return g
 
-            times["chunk grid (device copy)"] = _best(grid_copy)
+            times["chunk grid (device copy)"] = best_of(grid_copy)
             chunks = grid_copy()
             encode_batch_gpu(w.pipeline, chunks, keys, stream)  # warm-up
             best: dict[str, float] | None = None
@@ -96,15 +87,15 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
         else:
             from gpuzarr_dist.runtime.threads import decode_pool
 
-            times["chunk grid (host copy)"] = _best(lambda: chunk_grid(block, spec.chunk_shape, spec.fill_value, np))
+            times["chunk grid (host copy)"] = best_of(lambda: chunk_grid(block, spec.chunk_shape, spec.fill_value, np))
             chunks = chunk_grid(block, spec.chunk_shape, spec.fill_value, np)
-            times["encode (numcodecs threads)"] = _best(lambda: w.pipeline.encode_batch(list(chunks), keys,
+            times["encode (numcodecs threads)"] = best_of(lambda: w.pipeline.encode_batch(list(chunks), keys,
                                                                                         decode_pool()), 1)
             encoded = w.pipeline.encode_batch(list(chunks), keys, decode_pool())
         stored = sum(memoryview(e).nbytes for e in encoded)
         if shard is not None:
             items = _shard_items(w, encoded, first, grid)
-            times["shard assembly"] = _best(lambda: _shard_items(w, encoded, first, grid))
+            times["shard assembly"] = best_of(lambda: _shard_items(w, encoded, first, grid))
             n_obj = len(items)
 
             def put() -> None:
@@ -116,8 +107,8 @@ def stage_times(block: Any, chunk: tuple[int, ...], shard: tuple[int, ...] | Non
             def put() -> None:
                 w.writer.put_many(objs)
 
-        times[f"object writes ({n_obj} objects)"] = _best(put)
-        times["whole block (BlockWriter.write)"] = _best(lambda: (w.write(block, start), _sync(gpu)))
+        times[f"object writes ({n_obj} objects)"] = best_of(put)
+        times["whole block (BlockWriter.write)"] = best_of(lambda: (w.write(block, start), _sync(gpu)))
     lines = [f"stages of one block {tuple(block.shape)} -> {len(keys)} chunks {tuple(chunk)}"
              f"{f' in shards {tuple(shard)}' if shard else ''}, {nbytes / 1e6:.0f} MB, ratio {nbytes / stored:.3f}, "
              "one thread, best of 3:"]

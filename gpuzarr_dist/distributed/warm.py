@@ -144,5 +144,5 @@ def warm_comms(client: Any) -> None:
     totals = client.gather(used)
     if any(t != float(1 << 18) for t in totals):
         raise RuntimeError(f"gpuzarr-dist's warm-up moved a device array between workers and got {totals}")
-    first = client.gather(made[workers[0]]) if workers else None
-    del first, made
+    if workers:
+        client.gather(made[workers[0]])  # and one to the client

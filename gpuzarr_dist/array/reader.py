@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.codecs.pipeline import CodecPipeline
-from gpuzarr_dist.core.layout import block_memory
 from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
+from gpuzarr_dist.cuda.device import block_memory
 from gpuzarr_dist.errors import GpuOutOfMemoryError, UnsupportedDtypeError
 from gpuzarr_dist.runtime.threads import decode_pool
 from gpuzarr_dist.stores.base import ChunkStore

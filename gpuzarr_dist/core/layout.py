@@ -124,19 +124,3 @@ def host_memory_available() -> int:
         import os
 
         return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def block_memory(device: str) -> tuple[int, str] | None:
-    """``(bytes, what)``: the memory a block read on ``device`` must fit in, for
-    :func:`gpuzarr_dist.core.selection.plan_selection`; ``None`` where it is not known.
-
-    ``"cpu"``: the host memory available now (:func:`host_memory_available`);
-    ``"gpu"``: the GPU's total memory (:func:`gpuzarr_dist.cuda.device.gpu_memory_bytes`, which reads the
-    device's properties, no context). A block larger than that cannot be read however the work is spread.
-    """
-    if device == "gpu":
-        from gpuzarr_dist.cuda.device import gpu_memory_bytes
-
-        total = gpu_memory_bytes()
-        return (total, "the GPU's memory") if total else None
-    return host_memory_available(), "the host's available memory"

@@ -153,7 +153,7 @@ def plan_selection(spec: ArraySpec, index: Any, memory: tuple[int, str] | None =
     """The chunks ``spec``'s array needs for ``index``, and where each lands.
 
     ``memory``: ``(bytes, what)``, the memory the block must fit in (see
-    :func:`gpuzarr_dist.core.layout.block_memory`); a larger block raises
+    :func:`gpuzarr_dist.cuda.device.block_memory`); a larger block raises
     :class:`~gpuzarr_dist.errors.BlockTooLargeError` before anything is planned.
     """
     axes = _normalize(index, spec.shape)

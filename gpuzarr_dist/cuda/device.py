@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist.core.layout import host_memory_available
 from gpuzarr_dist.errors import GPU_INSTALL_HINT, DeviceUnavailableError
 
 DEVICES = ("auto", "gpu", "cpu")
@@ -142,3 +143,17 @@ def share_device_pool() -> str:
         return "CuPy's memory pool (rmm is not installed)"
     cupy.cuda.set_allocator(rmm_cupy_allocator)
     return "RMM"
+
+
+def block_memory(device: str) -> tuple[int, str] | None:
+    """``(bytes, what)``: the memory a block read on ``device`` must fit in, for
+    :func:`gpuzarr_dist.core.selection.plan_selection`; ``None`` where it is not known.
+
+    ``"cpu"``: the host memory available now (:func:`gpuzarr_dist.core.layout.host_memory_available`);
+    ``"gpu"``: the GPU's total memory (:func:`gpu_memory_bytes`, which reads the
+    device's properties, no context). A block larger than that cannot be read however the work is spread.
+    """
+    if device == "gpu":
+        total = gpu_memory_bytes()
+        return (total, "the GPU's memory") if total else None
+    return host_memory_available(), "the host's available memory"

@@ -413,3 +413,22 @@ def test_stores_of_one_url_and_options_share_one_client(monkeypatch):
     for i in range(4):
         remote.ObjectChunkStore(f"s3://bucket/{i}.zarr", storage_options=opts).store
     assert len(remote._clients) == 2
+
+
+def test_an_oversized_chunk_object_is_refused_before_its_body_is_read(tree, s3, tmp_path):
+    """A chunk object far larger than its chunk can be stored (a replaced or hostile object) raises
+    ChunkReadError from the size in the response, without downloading it; the other chunks still read."""
+    import boto3
+
+    root = tmp_path / "big"
+    data = make_data("float32", (4, 16, 16), seed=3)
+    zarr.create_array(str(root / "a.zarr"), data=data, chunks=(2, 16, 16), compressors=zc.ZstdCodec())
+    upload_tree(s3, "arrays", str(root), "big")
+    client = boto3.client("s3", endpoint_url=s3, aws_access_key_id=TEST_KEY, aws_secret_access_key=TEST_SECRET,
+                          region_name="us-east-1")
+    client.put_object(Bucket="arrays", Key="big/a.zarr/c/1/0/0", Body=b"\0" * (8 << 20))  # 8 MiB for a 2 KiB chunk
+    opts = {"endpoint_url": s3, "key": TEST_KEY, "secret": TEST_SECRET, "region": "us-east-1"}
+    x = gz.from_zarr_gpu("s3://arrays/big/a.zarr", device=dev(), storage_options=opts, chunks=(2, 16, 16))
+    assert_same(compute_checked(x[:2]), data[:2])
+    with pytest.raises(gz.ChunkReadError, match=r"c/1/0/0.*holds 8388608 bytes.*refusing to read it"):
+        x[2:].compute()

@@ -202,6 +202,16 @@ class ObjectChunkStore(ChunkStore):
 
         return await aio.gather_all(one(k, r) for k, r in items)
 
+    def _size_refusal(self, result: Any) -> str | None:
+        """Why a whole chunk object must not be read, from its size in the response's metadata (see
+        :attr:`~gpuzarr_dist.stores.base.ChunkStore.object_limit`), before its body is."""
+        size = (getattr(result, "meta", None) or {}).get("size")
+        limit = self.object_limit
+        if limit is None or size is None or int(size) <= limit:
+            return None
+        return (f"the chunk object holds {int(size)} bytes, more than a chunk of this array can take stored "
+                f"({limit} bytes: its decoded size, what its codecs may add, and a margin); refusing to read it")
+
     async def _get(self, key: str, rng: tuple[int, int] | None) -> Any:
         """One object or range, retried on transient errors; ``None`` for a missing object."""
         import obstore
@@ -218,7 +228,10 @@ class ObjectChunkStore(ChunkStore):
             error = None
             try:
                 result = await obstore.get_async(self.store, key, options=options or None)
-                return await result.bytes_async()
+                refusal = None if rng is not None else self._size_refusal(result)
+                if refusal is None:
+                    return await result.bytes_async()
+                error = ChunkReadError(self.array, key, refusal)  # its body is never read
             except FileNotFoundError:
                 return None
             except Exception as e:  # obstore raises its own classes; sort them by status

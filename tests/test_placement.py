@@ -163,3 +163,16 @@ def test_start_cluster_warms_the_connections_between_gpu_workers():
     with gz.start_cluster(device="gpu", threads_per_gpu=2, dashboard_address=None, quiet=True) as client:
         states = client.run(cluster_mod.worker_state)
         assert all(s["warm"]["threads"] == 2 for s in states.values()), states
+
+
+def test_tasks_on_data_already_computed_get_no_hint(store):
+    """Only tasks that depend on nothing (the reads) are placed: a task on persisted data runs where that is."""
+    from dask._task_spec import Task, TaskRef
+
+    path, _ = store
+    x = gz.from_zarr_gpu(path, device="cpu", chunks=(4, 16, 20)).sum(axis=0)
+    graph = dict(dask.optimize(x)[0].__dask_graph__())
+    graph[("on-persisted", 0)] = Task(("on-persisted", 0), sum, TaskRef(("elsewhere", 0)))
+    graph[("on-persisted", 1)] = Task(("on-persisted", 1), sum, TaskRef(("elsewhere", 1)))
+    hints = placement_hints(graph)
+    assert hints and not [k for k in hints if k[0] == "on-persisted"]

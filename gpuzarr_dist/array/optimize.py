@@ -10,7 +10,7 @@ culling, slice fusion, unchanged), each task of a graph that reads GPU arrays
 is wrapped so that it synchronises the stream of the thread that ran it.
 Tasks on threads that never touched the GPU pay one dictionary lookup.
 
-**Placement hints.** Every task that has no dependencies in a graph that reads
+**Placement hints.** Every task that depends on nothing in a graph that reads
 ``from_zarr_gpu`` arrays (on either device) gets the annotation
 :data:`PLACE_ANNOTATION`: ``(position, count)`` of its block among the
 blocks of its layer, in block order. On a cluster started by
@@ -69,7 +69,7 @@ def _block_order(key: Any) -> tuple:
 
 
 def placement_hints(dsk: dict) -> dict:
-    """``{key: (position, count)}`` for the tasks of ``dsk`` that depend on no other task of it.
+    """``{key: (position, count)}`` for the tasks of ``dsk`` that depend on nothing (reads and what is fused into them).
 
     Grouped by key name (the layer), ordered by block index: block ``i`` of
     two arrays of the same chunking get the same hint, so they are placed
@@ -78,7 +78,7 @@ def placement_hints(dsk: dict) -> dict:
     by_name: dict[str, list] = defaultdict(list)
     for k, node in dsk.items():
         deps = getattr(node, "dependencies", None)
-        if deps is None or any(d in dsk for d in deps):
+        if deps is None or deps:  # data already on the workers (persisted, scattered) is placed where it is
             continue
         name = k[0] if isinstance(k, tuple) else k
         by_name[str(name)].append(k)

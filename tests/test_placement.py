@@ -147,8 +147,11 @@ def test_gpu_workers_are_warmed_before_start_cluster_returns(monkeypatch, tmp_pa
 @pytest.mark.gpu
 def test_warm_worker_on_the_gpu():
     """The warm-up reads and checks a small zstd array on every thread and pins one staging buffer per thread."""
+    from gpuzarr_dist.cuda.device import device_memory_info
     from gpuzarr_dist.cuda.streams import staging_pool
-    from gpuzarr_dist.distributed.warm import warm_worker
+    from gpuzarr_dist.distributed.warm import device_share, warm_worker
+
+    assert 0 < device_share(64) <= 0.5 * device_memory_info()[0] / 64  # never more than half the free memory
 
     done = warm_worker(3)
     assert done["threads"] == 3 and staging_pool().free_bytes() >= 3 * (256 << 20)

@@ -6,7 +6,8 @@ kernels, starts kvikio's and our I/O thread pools and pins staging buffers
 (100-250 ms per 512 MiB). :func:`warm_worker` does all of it at start-up: it
 writes a small zstd array into the worker's local directory and, on every one
 of the worker's threads at once, grows the device pool for the thread's stream
-by :data:`DEVICE_BLOCKS_PER_THREAD` GPU blocks, reads the array with
+by :data:`DEVICE_BLOCKS_PER_THREAD` GPU blocks (at most half the free memory
+in all, :func:`device_share`), reads the array with
 :func:`gpuzarr_dist.from_zarr_gpu` and reduces it, after pinning one staging
 buffer of the GPU block size per thread. Any error is raised: a worker that cannot read on its GPU should not
 start as if it could.
@@ -28,6 +29,8 @@ _SHAPE, _CHUNKS = (64, 64, 256), (1, 64, 256)
 #: device memory each thread's stream gets in the pool ahead of its first block, in GPU blocks: a task
 #: holds about this many blocks' worth while it reads and decodes zstd (see ``gpuzarr.block-size.gpu``)
 DEVICE_BLOCKS_PER_THREAD = 6
+#: the most of the device's free memory the warm-up takes into the pool, all threads together
+DEVICE_SHARE_OF_FREE = 0.5
 
 
 def _probe_data() -> np.ndarray:
@@ -53,7 +56,17 @@ def _block_bytes() -> int:
     return config.block_size_bytes("gpu", gpu_memory_bytes)
 
 
-def _read_probe(path: str, barrier: threading.Barrier) -> str:
+def device_share(nthreads: int) -> int:
+    """The device memory each of ``nthreads`` threads' streams gets in the pool ahead of its first block:
+    :data:`DEVICE_BLOCKS_PER_THREAD` GPU blocks, but all threads together at most :data:`DEVICE_SHARE_OF_FREE`
+    of the memory free now (a GPU shared with other work is not filled by a warm-up)."""
+    from gpuzarr_dist.cuda.device import device_memory_info
+
+    free, _ = device_memory_info()
+    return int(min(DEVICE_BLOCKS_PER_THREAD * _block_bytes(), DEVICE_SHARE_OF_FREE * free / max(1, nthreads)))
+
+
+def _read_probe(path: str, barrier: threading.Barrier, share: int) -> str:
     """On this thread: the stream and its share of the device pool, one batched read + decode and the usual
     reductions."""
     from gpuzarr_dist.array.read import from_zarr_gpu
@@ -61,7 +74,7 @@ def _read_probe(path: str, barrier: threading.Barrier) -> str:
 
     thread_stream()
     barrier.wait()  # every thread of the pool at once: each warms its own stream
-    reserve_device_memory(DEVICE_BLOCKS_PER_THREAD * _block_bytes())
+    reserve_device_memory(share)
     x = from_zarr_gpu(path, device="gpu", chunks=_SHAPE)
     m = x.mean(axis=0).compute(scheduler="sync")
     s = x.sum(axis=(1, 2), dtype="float64").compute(scheduler="sync")
@@ -86,8 +99,9 @@ def warm_worker(nthreads: int, local_dir: str | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=local_dir, prefix="gpuzarr-warm-") as root:
         path = _write_probe(root)
         barrier = threading.Barrier(nthreads, timeout=120)
+        share = device_share(nthreads)
         with ThreadPoolExecutor(nthreads) as pool:
-            list(pool.map(lambda _: _read_probe(path, barrier), range(nthreads)))
+            list(pool.map(lambda _: _read_probe(path, barrier, share), range(nthreads)))
     return {"seconds": time.perf_counter() - t0, "pinned_bytes": pinned, "threads": nthreads}
 
 
@@ -108,7 +122,8 @@ async def warm_dask_worker(worker: Any) -> dict[str, Any]:
     try:
         path = await loop.run_in_executor(executor, _write_probe, root)
         barrier = threading.Barrier(n, timeout=120)
-        await asyncio.gather(*(loop.run_in_executor(executor, _read_probe, path, barrier) for _ in range(n)))
+        share = await loop.run_in_executor(executor, device_share, n)
+        await asyncio.gather(*(loop.run_in_executor(executor, _read_probe, path, barrier, share) for _ in range(n)))
     finally:
         import shutil
 

@@ -315,7 +315,9 @@ def run_row(kind: str, mode: str, cfg: dict, rank: int = 0, world: int = 1) -> d
                 torch.cuda.synchronize()
             return 0.0
     with Utilisation(tdev.index if gpu else 0) if gpu and mode == "train" else _Null() as util:
-        res = timed_windows(batches, work, finish, B, cfg["repeats"], cfg["seconds"], cfg["warmup"])
+        # the warm-up also drains what the loader read ahead while it started, so each window is its steady rate
+        ahead = cfg["prefetch"] if kind == "ours" else 2 * cfg["workers"]  # DataLoader: prefetch_factor 2 per worker
+        res = timed_windows(batches, work, finish, B, cfg["repeats"], cfg["seconds"], cfg["warmup"] + ahead)
     res["nvml"] = getattr(util, "mean", None)
     if kind == "ours":
         loader.close()

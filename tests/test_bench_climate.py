@@ -89,3 +89,34 @@ def test_check_disk_refuses_too_little_room(tmp_path):
         check_disk(str(tmp_path), 10**9, have_data=False, free=10**9)
     check_disk(str(tmp_path), 10**9, have_data=True, free=10**9)
     assert os.path.isdir(tmp_path)
+
+
+_BLOCKS_RUN: list[int] = []
+
+
+def _count_block(block: np.ndarray, block_info: dict | None = None) -> np.ndarray:
+    if block_info:  # None when dask calls it on an empty array to learn the output's type
+        _BLOCKS_RUN.append(block_info[0]["chunk-location"][0])
+    return block
+
+
+def test_every_repeat_computes_its_persisted_climatology():
+    """The runs build identical keys (as ``gz.open_dataset`` does); a result held from one run must not
+    stand in for the next run's persist, or the timed run skips the climatology's read."""
+    import dask.array as da
+    import distributed
+
+    from gpuzarr_dist.bench.climate import _timed, _wait
+
+    def run() -> tuple[float, float, object]:
+        x = da.ones((8, 4), chunks=(2, 4), name="source-fixed")
+        clim = x.map_blocks(_count_block, dtype=x.dtype, name="clim-fixed").persist()
+        _wait(clim)
+        assert np.array_equal(clim.compute(), np.ones((8, 4)))
+        return 0.0, 0.0, clim
+
+    _BLOCKS_RUN.clear()
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            distributed.Client(cluster):
+        _timed(run, 3)
+    assert sorted(_BLOCKS_RUN) == sorted([0, 1, 2, 3] * 3)

@@ -74,6 +74,33 @@ def _wait(obj: Any) -> None:
     wait(futures_of(obj))
 
 
+def _persisted_keys(result: Any) -> set:
+    """The keys of ``result``'s data persisted on the cluster."""
+    from distributed import futures_of
+
+    return {f.key for f in futures_of(result)} if result is not None else set()
+
+
+def _released(keys: set, timeout: float = 30.0) -> None:
+    """Wait until the client has let go of ``keys`` (their last reference dropped by the caller).
+
+    The runs build the same keys: data still held when the next run persists would stand in for its
+    computation. The release goes out on the client's event loop, ahead of the next run's graph.
+    """
+    import gc
+
+    from distributed import get_client
+
+    if not keys:
+        return
+    gc.collect()  # a persisted graph can sit in a reference cycle that keeps its futures alive
+    client, deadline = get_client(), time.monotonic() + timeout
+    while held := keys & set(client.futures):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"bench climate: {len(held)} persisted results of the previous run are still referenced")
+        time.sleep(0.01)
+
+
 def _to_host(block: Any) -> np.ndarray:
     return block.get() if hasattr(block, "get") else np.asarray(block)
 
@@ -195,9 +222,15 @@ def _month_index(store: str, name: str = "t2m") -> np.ndarray:
 
 
 def _timed(fn: Any, repeats: int, before: Any = None) -> tuple[list[float], list[tuple[float, float]], Any]:
-    """Run ``fn`` ``repeats`` times (``before`` each, untimed); the totals, the parts and the last result."""
+    """Run ``fn`` ``repeats`` times (``before`` each, untimed); the totals, the parts and the last result.
+
+    Each run starts with the previous run's result released, so that every run computes its persisted
+    climatology instead of finding it on the workers under the same keys.
+    """
     totals, parts, last = [], [], None
     for _ in range(repeats):
+        keys, last = _persisted_keys(last), None
+        _released(keys)
         if before is not None:
             before()
         a, b, last = fn()
@@ -298,7 +331,7 @@ def run(args: Any) -> int:
     subset = None if cpu_steps == steps else cpu_steps
     with distributed.LocalCluster(n_workers=procs, threads_per_worker=per, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster):
-        dask_cpu_workload(store, outs["cpu"], subset)  # warm-up
+        _released(_persisted_keys(dask_cpu_workload(store, outs["cpu"], subset)[2]))  # warm-up
         totals, parts, clim = _timed(lambda: dask_cpu_workload(store, outs["cpu"], subset), repeats,
                                      lambda: _rm(outs["cpu"]))
         cpu_clim = _host_values(clim)
@@ -314,13 +347,13 @@ def run(args: Any) -> int:
         full = os.path.join(root, f"anomaly-{n}.zarr")
         check = os.path.join(root, f"anomaly-{n}-check.zarr")
         with start_cluster(n, threads_per_gpu=threads, device=device, quiet=True, dashboard_address=None):
-            gpuzarr_workload(store, check, device, subset)  # warm-up, and the output checked against the CPU row's
+            _released(_persisted_keys(gpuzarr_workload(store, check, device, subset)[2]))  # warm-up, its output checked against the CPU row's
             totals, parts, clim = _timed(lambda: gpuzarr_workload(store, full, device), repeats, lambda: _rm(full))
             gpu_clims[n] = _host_values(clim)
             extra_row = None
             if getattr(args, "xarray_row", False) and n == 1:
                 xcheck = os.path.join(root, "anomaly-xarray.zarr")
-                gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True)  # warm-up
+                _released(_persisted_keys(gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True)[2]))  # warm-up
                 xt, xp, _ = _timed(lambda: gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True),
                                    repeats, lambda: _rm(xcheck))
                 extra_row = _row(f"xarray's own groupby{' (no flox)' if device == 'gpu' else ''}, 1 {what}",

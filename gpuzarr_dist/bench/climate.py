@@ -46,13 +46,13 @@ import os
 import platform
 import shutil
 import statistics
-import tempfile
 import time
 import warnings
 from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, save
 
 OUT_NAME = "t2m_anomaly"
@@ -303,101 +303,95 @@ def run(args: Any) -> int:
         cpu_steps = min(steps, max(24, int((cpu_gb or max(0.5, 0.1 * cores)) * 1e9 // step_bytes)))
     threads = getattr(args, "threads", None) or (1 if device == "cpu" else 8)
 
-    tmp = None
-    root = getattr(args, "path", None)
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-climate-")
-        root = tmp.name
-    os.makedirs(root, exist_ok=True)
-    store = os.path.join(root, "era5-daily.zarr")
-    have = _existing_dataset(store, "t2m", steps, nlat, nlon, 0) is not None
-    check_disk(root, steps * step_bytes, have)
-    t0 = time.perf_counter()
-    data = make_era5_dataset(store, steps, nlat=nlat, nlon=nlon)
-    made = time.perf_counter() - t0
-    nbytes, cpu_nbytes = steps * step_bytes, cpu_steps * step_bytes
-    print(f"dataset: t2m float32 ({steps}, {nlat}, {nlon}), daily from 2000-01-01, zstd: {nbytes / 1e9:.2f} GB "
-          f"decompressed, {data.stored_bytes() / 1e9:.2f} GB stored "
-          f"({'reused' if data.reused else f'written in {made:.1f} s'}) at {store}")
-    print(f"device: {device} ({gpu_status()[1]}); {threads} threads per worker; {cores} CPU cores; {platform.node()}")
-    months = _month_index(store)
+    given = getattr(args, "path", None)
+    with data_folder(given, "gpuzarr-climate-") as root:
+        store = os.path.join(root, "era5-daily.zarr")
+        have = _existing_dataset(store, "t2m", steps, nlat, nlon, 0) is not None
+        check_disk(root, steps * step_bytes, have)
+        t0 = time.perf_counter()
+        data = make_era5_dataset(store, steps, nlat=nlat, nlon=nlon)
+        made = time.perf_counter() - t0
+        nbytes, cpu_nbytes = steps * step_bytes, cpu_steps * step_bytes
+        print(f"dataset: t2m float32 ({steps}, {nlat}, {nlon}), daily from 2000-01-01, zstd: {nbytes / 1e9:.2f} GB "
+              f"decompressed, {data.stored_bytes() / 1e9:.2f} GB stored "
+              f"({'reused' if data.reused else f'written in {made:.1f} s'}) at {store}")
+        print(f"device: {device} ({gpu_status()[1]}); {threads} threads per worker; {cores} CPU cores; {platform.node()}")
+        months = _month_index(store)
 
-    rows: list[Row] = []
-    failures: list[str] = []
-    outs = {"cpu": os.path.join(root, "anomaly-cpu.zarr")}
+        rows: list[Row] = []
+        failures: list[str] = []
+        outs = {"cpu": os.path.join(root, "anomaly-cpu.zarr")}
 
-    # the CPU row: plain dask on every core, over the first cpu_steps steps; its output is the reference
-    procs, per = _cpu_layout(cores)
-    subset = None if cpu_steps == steps else cpu_steps
-    with distributed.LocalCluster(n_workers=procs, threads_per_worker=per, processes=True,
-                                  dashboard_address=None) as cluster, distributed.Client(cluster):
-        _released(_persisted_keys(dask_cpu_workload(store, outs["cpu"], subset)[2]))  # warm-up
-        totals, parts, clim = _timed(lambda: dask_cpu_workload(store, outs["cpu"], subset), repeats,
-                                     lambda: _rm(outs["cpu"]))
-        cpu_clim = _host_values(clim)
-    limit = TOLERANCE_ULPS * float(np.finfo(np.float32).eps) * float(np.nanmax(np.abs(cpu_clim)))
-    cpu_row = _row("dask on the CPU: zarr-python, numpy, xarray groupby, to_zarr", totals, parts, 2 * cpu_nbytes,
-                   f"LocalCluster {procs}x{per} threads; "
-                   + (f"first {cpu_steps} steps ({cpu_nbytes / 1e9:.1f} GB)" if subset else "whole dataset"))
-    rows.append(cpu_row)
+        # the CPU row: plain dask on every core, over the first cpu_steps steps; its output is the reference
+        procs, per = _cpu_layout(cores)
+        subset = None if cpu_steps == steps else cpu_steps
+        with distributed.LocalCluster(n_workers=procs, threads_per_worker=per, processes=True,
+                                      dashboard_address=None) as cluster, distributed.Client(cluster):
+            _released(_persisted_keys(dask_cpu_workload(store, outs["cpu"], subset)[2]))  # warm-up
+            totals, parts, clim = _timed(lambda: dask_cpu_workload(store, outs["cpu"], subset), repeats,
+                                         lambda: _rm(outs["cpu"]))
+            cpu_clim = _host_values(clim)
+        limit = TOLERANCE_ULPS * float(np.finfo(np.float32).eps) * float(np.nanmax(np.abs(cpu_clim)))
+        cpu_row = _row("dask on the CPU: zarr-python, numpy, xarray groupby, to_zarr", totals, parts, 2 * cpu_nbytes,
+                       f"LocalCluster {procs}x{per} threads; "
+                       + (f"first {cpu_steps} steps ({cpu_nbytes / 1e9:.1f} GB)" if subset else "whole dataset"))
+        rows.append(cpu_row)
 
-    gpu_clims: dict[int, np.ndarray] = {}
-    what = "GPU" if device == "gpu" else "CPU worker"
-    for n in counts:
-        full = os.path.join(root, f"anomaly-{n}.zarr")
-        check = os.path.join(root, f"anomaly-{n}-check.zarr")
-        with start_cluster(n, threads_per_gpu=threads, device=device, quiet=True, dashboard_address=None):
-            _released(_persisted_keys(gpuzarr_workload(store, check, device, subset)[2]))  # warm-up, its output checked against the CPU row's
-            totals, parts, clim = _timed(lambda: gpuzarr_workload(store, full, device), repeats, lambda: _rm(full))
-            gpu_clims[n] = _host_values(clim)
-            extra_row = None
-            if getattr(args, "xarray_row", False) and n == 1:
-                xcheck = os.path.join(root, "anomaly-xarray.zarr")
-                _released(_persisted_keys(gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True)[2]))  # warm-up
-                xt, xp, _ = _timed(lambda: gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True),
-                                   repeats, lambda: _rm(xcheck))
-                extra_row = _row(f"xarray's own groupby{' (no flox)' if device == 'gpu' else ''}, 1 {what}",
-                                 xt, xp, 2 * cpu_nbytes, "over the CPU row's steps")
-                failures += _verify(extra_row, xcheck, outs["cpu"], limit)
-        row = _row(f"gpuzarr-dist, {n} {what}{'s' if n > 1 else ''}", totals, parts, 2 * nbytes,
-                   "whole dataset")
-        failures += _verify(row, check, outs["cpu"], limit)
-        err, _ = spot_check(store, full, gpu_clims[n], months)
-        row.extra["spot_error"] = err
-        if not err <= limit:
-            failures.append(f"{row.name}: three steps of the full output differ from input - climatology by {err:.3g}")
-        rows.append(row)
-        if extra_row is not None:
-            rows.append(extra_row)
-        if tmp is None and n != max(counts):
-            _rm(full)  # keep the last full-size anomaly only (disk)
-    for n, c in gpu_clims.items():
-        if n != counts[0]:
-            d = float(np.nanmax(np.abs(c - gpu_clims[counts[0]])))
+        gpu_clims: dict[int, np.ndarray] = {}
+        what = "GPU" if device == "gpu" else "CPU worker"
+        for n in counts:
+            full = os.path.join(root, f"anomaly-{n}.zarr")
+            check = os.path.join(root, f"anomaly-{n}-check.zarr")
+            with start_cluster(n, threads_per_gpu=threads, device=device, quiet=True, dashboard_address=None):
+                _released(_persisted_keys(gpuzarr_workload(store, check, device, subset)[2]))  # warm-up, its output checked against the CPU row's
+                totals, parts, clim = _timed(lambda: gpuzarr_workload(store, full, device), repeats, lambda: _rm(full))
+                gpu_clims[n] = _host_values(clim)
+                extra_row = None
+                if getattr(args, "xarray_row", False) and n == 1:
+                    xcheck = os.path.join(root, "anomaly-xarray.zarr")
+                    _released(_persisted_keys(gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True)[2]))  # warm-up
+                    xt, xp, _ = _timed(lambda: gpuzarr_workload(store, xcheck, device, subset, xarray_groupby=True),
+                                       repeats, lambda: _rm(xcheck))
+                    extra_row = _row(f"xarray's own groupby{' (no flox)' if device == 'gpu' else ''}, 1 {what}",
+                                     xt, xp, 2 * cpu_nbytes, "over the CPU row's steps")
+                    failures += _verify(extra_row, xcheck, outs["cpu"], limit)
+            row = _row(f"gpuzarr-dist, {n} {what}{'s' if n > 1 else ''}", totals, parts, 2 * nbytes,
+                       "whole dataset")
+            failures += _verify(row, check, outs["cpu"], limit)
+            err, _ = spot_check(store, full, gpu_clims[n], months)
+            row.extra["spot_error"] = err
+            if not err <= limit:
+                failures.append(f"{row.name}: three steps of the full output differ from input - climatology by {err:.3g}")
+            rows.append(row)
+            if extra_row is not None:
+                rows.append(extra_row)
+            if given is not None and n != max(counts):
+                _rm(full)  # keep the last full-size anomaly only (disk)
+        for n, c in gpu_clims.items():
+            if n != counts[0]:
+                d = float(np.nanmax(np.abs(c - gpu_clims[counts[0]])))
+                if not d <= limit:
+                    failures.append(f"the climatologies of {counts[0]} and {n} {what}(s) differ by {d:.3g}")
+        if subset is None:  # the CPU row ran the whole dataset: its climatology is comparable too
+            d = float(np.nanmax(np.abs(cpu_clim - gpu_clims[counts[0]])))
             if not d <= limit:
-                failures.append(f"the climatologies of {counts[0]} and {n} {what}(s) differ by {d:.3g}")
-    if subset is None:  # the CPU row ran the whole dataset: its climatology is comparable too
-        d = float(np.nanmax(np.abs(cpu_clim - gpu_clims[counts[0]])))
-        if not d <= limit:
-            failures.append(f"the climatology differs from the CPU row's by {d:.3g}")
+                failures.append(f"the climatology differs from the CPU row's by {d:.3g}")
 
-    _print(rows, cpu_row)
-    speedup = {n: r.gbps / cpu_row.gbps for n, r in zip(counts, [r for r in rows if r.name.startswith("gpuzarr")])}
-    if device == "gpu" and 2 in speedup:
-        print(f"target 2 GPUs >= 10x dask on {cores} CPU cores: {'met' if speedup[2] >= 10 else 'NOT met'} "
-              f"({speedup[2]:.1f}x)")
-    meta = {"device": device, "threads": threads, "time_steps": steps, "cpu_time_steps": cpu_steps,
-            "grid": [nlat, nlon], "counts": counts, "repeats": repeats, "cores": cores, "cpu_cluster": [procs, per],
-            "host": platform.node(), "quick": quick, "max_error_allowed": limit, "failures": failures,
-            "speedup_over_cpu": {str(n): x for n, x in speedup.items()}}
-    out_dir = getattr(args, "out", None) or "bench-results"
-    print("saved:", ", ".join(save(rows, out_dir, "bench-climate",
-                                   f"monthly climatology + anomaly, 1..{max(counts)} {what}(s) vs dask on the CPU",
-                                   meta)))
-    with open(os.path.join(out_dir, "bench-climate.txt"), "w") as f:
-        f.write(_table(rows, cpu_row) + "\n")
-    if tmp is not None:
-        tmp.cleanup()
+        _print(rows, cpu_row)
+        speedup = {n: r.gbps / cpu_row.gbps for n, r in zip(counts, [r for r in rows if r.name.startswith("gpuzarr")])}
+        if device == "gpu" and 2 in speedup:
+            print(f"target 2 GPUs >= 10x dask on {cores} CPU cores: {'met' if speedup[2] >= 10 else 'NOT met'} "
+                  f"({speedup[2]:.1f}x)")
+        meta = {"device": device, "threads": threads, "time_steps": steps, "cpu_time_steps": cpu_steps,
+                "grid": [nlat, nlon], "counts": counts, "repeats": repeats, "cores": cores, "cpu_cluster": [procs, per],
+                "host": platform.node(), "quick": quick, "max_error_allowed": limit, "failures": failures,
+                "speedup_over_cpu": {str(n): x for n, x in speedup.items()}}
+        out_dir = getattr(args, "out", None) or "bench-results"
+        print("saved:", ", ".join(save(rows, out_dir, "bench-climate",
+                                       f"monthly climatology + anomaly, 1..{max(counts)} {what}(s) vs dask on the CPU",
+                                       meta)))
+        with open(os.path.join(out_dir, "bench-climate.txt"), "w") as f:
+            f.write(_table(rows, cpu_row) + "\n")
     for line in failures:
         print("WRONG:", line)
     return 1 if failures else 0

@@ -1,12 +1,33 @@
-"""File-level helpers for benchmarks: the chunk files of a store, dropping them from the page cache,
-and the raw read rate of the same files (the ceiling row)."""
+"""File-level helpers for benchmarks: the folder a benchmark writes its data in, the chunk files of a store,
+dropping them from the page cache, and the raw read rate of the same files (the ceiling row)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+
+
+@contextlib.contextmanager
+def data_folder(path: str | None, prefix: str) -> Iterator[str]:
+    """The folder a benchmark writes its data in, for the ``with`` block.
+
+    ``path`` when given: created if missing and kept afterwards, so data written
+    there is reused by the next run. Without it, a new folder under the system's
+    temporary directory whose name starts with ``prefix``, removed with all it
+    holds when the block ends, also when the block raises (the exception goes
+    on).
+    """
+    if path is not None:
+        os.makedirs(path, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield tmp
 
 
 def chunk_files(root: str) -> list[str]:

@@ -13,13 +13,12 @@ from __future__ import annotations
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
 
-from gpuzarr_dist.bench.files import chunk_files, drop_page_cache, read_ceiling
+from gpuzarr_dist.bench.files import chunk_files, data_folder, drop_page_cache, read_ceiling
 from gpuzarr_dist.bench.report import Row, format_table, save
 
 OURS = "gpuzarr-dist from_zarr_gpu().mean(0)"
@@ -128,23 +127,20 @@ def run(args) -> int:
     steps = getattr(args, "time_steps", None) or (8 if quick else (GPU_STEPS if device == "gpu" else 48))
     repeat = 1 if quick else 3
     out_dir = getattr(args, "out", None) or "bench-results"
-    tmp = None
-    path = getattr(args, "path", None)
-    if path is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-")
-        path = os.path.join(tmp.name, "era5.zarr")
-    make_era5_like(path, steps)
-    codecs = {"both": ["zstd", "blosc"]}.get(getattr(args, "codec", None) or "both", [getattr(args, "codec", None)])
-    for codec in codecs:
-        array_path = path
-        if codec == "blosc":
-            full = os.path.abspath(path)  # the Blosc copy sits next to the zstd store
-            array_path = os.path.join(os.path.dirname(full), os.path.basename(full).removesuffix(".zarr") + "-blosc.zarr")
-            _blosc_copy(path, array_path, steps)
-        _run_one(array_path, codec, device, threads, steps, repeat, quick, out_dir, args)
-        print()
-    if tmp is not None:
-        tmp.cleanup()
+    given = getattr(args, "path", None)
+    # --path names the zstd store; the folder it sits in holds the Blosc copy too
+    with data_folder(None if given is None else os.path.dirname(os.path.abspath(given)), "gpuzarr-bench-") as root:
+        path = given if given is not None else os.path.join(root, "era5.zarr")
+        make_era5_like(path, steps)
+        codecs = {"both": ["zstd", "blosc"]}.get(getattr(args, "codec", None) or "both", [getattr(args, "codec", None)])
+        for codec in codecs:
+            array_path = path
+            if codec == "blosc":
+                full = os.path.abspath(path)  # the Blosc copy sits next to the zstd store
+                array_path = os.path.join(os.path.dirname(full), os.path.basename(full).removesuffix(".zarr") + "-blosc.zarr")
+                _blosc_copy(path, array_path, steps)
+            _run_one(array_path, codec, device, threads, steps, repeat, quick, out_dir, args)
+            print()
     return 0
 
 

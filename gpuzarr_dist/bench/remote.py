@@ -38,6 +38,7 @@ import time
 from typing import Any
 
 from gpuzarr_dist import config
+from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, best_of, format_table, save
 from gpuzarr_dist.bench.shards import _stored, write_variants
 
@@ -113,55 +114,48 @@ def run(args) -> int:
     repeat = 1 if quick else 3
     concurrency = config.remote_concurrency()
     out_dir = getattr(args, "out", None) or "bench-results"
-    tmp = None
-    root = getattr(args, "path", None)
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-remote-")
-        root = tmp.name
-    os.makedirs(root, exist_ok=True)
-    paths = write_variants(root, steps, nlat, nlon, shard_t=4)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    in_process = getattr(args, "server", None) == "thread"
-    server = _start_moto(port, in_process)
-    endpoint, bucket = f"http://127.0.0.1:{port}", "bench"
-    opts = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "region": "us-east-1"}
-    rows: list[Row] = []
-    try:
-        s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
-                          region_name="us-east-1")
-        s3.create_bucket(Bucket=bucket)
-        for name, path in paths.items():
-            for key in _objects(path):
-                s3.upload_file(os.path.join(path, *key.split("/")), bucket, f"{name}.zarr/{key}")
-        where = "in this process (its threads share the client's GIL)" if in_process else "in its own process"
-        print(f"loopback S3 (moto) at {endpoint}, {where}; {concurrency} requests in flight; device {device} "
-              f"({gpu_status()[1]}); {threads} threads; {platform.node()}, {os.cpu_count()} CPUs shared by server "
-              "and client")
-        for name, path in paths.items():
-            stored = _stored(path)
-            keys = [f"{name}.zarr/{k}" for k in _objects(path) if not k.endswith("zarr.json")]
-            client = ObjectChunkStore(f"s3://{bucket}", storage_options=opts).store
-            t_raw = min(_raw_obstore(client, keys, concurrency) for _ in range(repeat))
-            rows.append(Row(f"{name}: raw GET, obstore", "warm", t_raw, stored, note="no decode"))
-            t_fs = _raw_s3fs(endpoint, bucket, keys, concurrency)
-            if t_fs is not None:
-                rows.append(Row(f"{name}: raw GET, s3fs", "warm", t_fs, stored, note="no decode"))
-            t_ours = best_of(_mean_s3(f"s3://{bucket}/{name}.zarr", opts, device, threads), repeat)
-            rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
-                            note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
-    finally:
-        server.stop()
-    print("GB/s of stored bytes")
-    print(format_table(rows, rows[0].name))
-    meta = {"device": device, "concurrency": concurrency, "time_steps": steps, "grid": [nlat, nlon], "quick": quick,
-            "host": platform.node(), "cpus": os.cpu_count()}
-    written = save(rows, out_dir, "bench-remote", f"loopback S3, {device}", meta)
-    print("saved:", ", ".join(written))
-    if tmp is not None:
-        tmp.cleanup()
+    with data_folder(getattr(args, "path", None), "gpuzarr-bench-remote-") as root:
+        paths = write_variants(root, steps, nlat, nlon, shard_t=4)
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        in_process = getattr(args, "server", None) == "thread"
+        server = _start_moto(port, in_process)
+        endpoint, bucket = f"http://127.0.0.1:{port}", "bench"
+        opts = {"endpoint_url": endpoint, "key": "bench", "secret": "bench", "region": "us-east-1"}
+        rows: list[Row] = []
+        try:
+            s3 = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench", aws_secret_access_key="bench",
+                              region_name="us-east-1")
+            s3.create_bucket(Bucket=bucket)
+            for name, path in paths.items():
+                for key in _objects(path):
+                    s3.upload_file(os.path.join(path, *key.split("/")), bucket, f"{name}.zarr/{key}")
+            where = "in this process (its threads share the client's GIL)" if in_process else "in its own process"
+            print(f"loopback S3 (moto) at {endpoint}, {where}; {concurrency} requests in flight; device {device} "
+                  f"({gpu_status()[1]}); {threads} threads; {platform.node()}, {os.cpu_count()} CPUs shared by server "
+                  "and client")
+            for name, path in paths.items():
+                stored = _stored(path)
+                keys = [f"{name}.zarr/{k}" for k in _objects(path) if not k.endswith("zarr.json")]
+                client = ObjectChunkStore(f"s3://{bucket}", storage_options=opts).store
+                t_raw = min(_raw_obstore(client, keys, concurrency) for _ in range(repeat))
+                rows.append(Row(f"{name}: raw GET, obstore", "warm", t_raw, stored, note="no decode"))
+                t_fs = _raw_s3fs(endpoint, bucket, keys, concurrency)
+                if t_fs is not None:
+                    rows.append(Row(f"{name}: raw GET, s3fs", "warm", t_fs, stored, note="no decode"))
+                t_ours = best_of(_mean_s3(f"s3://{bucket}/{name}.zarr", opts, device, threads), repeat)
+                rows.append(Row(f"{name}: gpuzarr-dist mean(0) over s3://", "warm", t_ours, stored,
+                                note=f"{t_raw / t_ours:.0%} of the raw GET rate (target >= 80%)"))
+        finally:
+            server.stop()
+        print("GB/s of stored bytes")
+        print(format_table(rows, rows[0].name))
+        meta = {"device": device, "concurrency": concurrency, "time_steps": steps, "grid": [nlat, nlon], "quick": quick,
+                "host": platform.node(), "cpus": os.cpu_count()}
+        written = save(rows, out_dir, "bench-remote", f"loopback S3, {device}", meta)
+        print("saved:", ", ".join(written))
     return 0
 
 

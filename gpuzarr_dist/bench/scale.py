@@ -29,12 +29,11 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import threading
 import time
 from typing import Any
 
-from gpuzarr_dist.bench.files import chunk_files
+from gpuzarr_dist.bench.files import chunk_files, data_folder
 from gpuzarr_dist.bench.report import Row, save, timed
 
 STEP_BYTES = 721 * 1440 * 4
@@ -377,12 +376,7 @@ def run(args: Any) -> int:
     from gpuzarr_dist.cuda.device import gpu_status
 
     b = _Bench(args)
-    tmp = None
-    root = getattr(args, "path", None)
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-scale-")
-        root = tmp.name
-    try:
+    with data_folder(getattr(args, "path", None), "gpuzarr-scale-") as root:
         b.make_stores(root)
         print(f"device: {b.device} ({gpu_status()[1]}); {b.threads} threads per worker; {b.repeats} repeats; "
               f"{platform.node()}", flush=True)
@@ -407,6 +401,3 @@ def run(args: Any) -> int:
         reports = [r.extra["report"] for r in b.rows if r.extra.get("report")]
         print("saved:", ", ".join(saved + reports))
         return 1 if large and large["error"] >= 1e-5 else 0
-    finally:
-        if tmp is not None:
-            tmp.cleanup()

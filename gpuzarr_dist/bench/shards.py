@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, best_of, format_table, save
 
 OURS = "gpuzarr-dist, sharded 256 KiB inner chunks"
@@ -211,56 +211,49 @@ def run(args) -> int:
     in_flight = getattr(args, "in_flight", None) or 2
     repeat = 1 if quick else 3
     out_dir = getattr(args, "out", None) or "bench-results"
-    tmp = None
-    root = getattr(args, "path", None)
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-bench-shards-")
-        root = tmp.name
-    os.makedirs(root, exist_ok=True)
-    paths = write_variants(root, steps, nlat, nlon, shard_t=4)
-    nbytes = steps * nlat * nlon * 4
-    print(f"array: float32 ({steps}, {nlat}, {nlon}), zstd level 0, {nbytes / 1e9:.2f} GB decompressed; "
-          f"stored: " + ", ".join(f"{k} {_stored(p) / 1e9:.2f} GB" for k, p in paths.items()))
-    print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}; files in the page cache")
-    names = {"inner256k": OURS, "inner1m": "gpuzarr-dist, sharded 1 MiB inner chunks",
-             "unsharded": "gpuzarr-dist, unsharded (1, 721, 1440) chunks" if not quick else "gpuzarr-dist, unsharded"}
-    from gpuzarr_dist.runtime import stages
+    with data_folder(getattr(args, "path", None), "gpuzarr-bench-shards-") as root:
+        paths = write_variants(root, steps, nlat, nlon, shard_t=4)
+        nbytes = steps * nlat * nlon * 4
+        print(f"array: float32 ({steps}, {nlat}, {nlon}), zstd level 0, {nbytes / 1e9:.2f} GB decompressed; "
+              f"stored: " + ", ".join(f"{k} {_stored(p) / 1e9:.2f} GB" for k, p in paths.items()))
+        print(f"device: {device} ({gpu_status()[1]}); {threads} threads; {platform.node()}; files in the page cache")
+        names = {"inner256k": OURS, "inner1m": "gpuzarr-dist, sharded 1 MiB inner chunks",
+                 "unsharded": "gpuzarr-dist, unsharded (1, 721, 1440) chunks" if not quick else "gpuzarr-dist, unsharded"}
+        from gpuzarr_dist.runtime import stages
 
-    rows, stage_tables = [], []
-    for k, p in paths.items():
-        stages.enable()
-        stages.reset()
-        rows.append(Row(names[k], "warm", best_of(_mean(p, device, threads), repeat), nbytes))
-        stage_tables.append((names[k], stages.snapshot()))
-        stages.enable(False)
-    print("(a) time mean, sharded against unsharded")
-    print(format_table(rows, OURS))
-    for name, st in stage_tables:
-        print(f"  stages of {name} ({repeat + 1} runs; a call is one block; seconds summed over threads):")
+        rows, stage_tables = [], []
+        for k, p in paths.items():
+            stages.enable()
+            stages.reset()
+            rows.append(Row(names[k], "warm", best_of(_mean(p, device, threads), repeat), nbytes))
+            stage_tables.append((names[k], stages.snapshot()))
+            stages.enable(False)
+        print("(a) time mean, sharded against unsharded")
+        print(format_table(rows, OURS))
+        for name, st in stage_tables:
+            print(f"  stages of {name} ({repeat + 1} runs; a call is one block; seconds summed over threads):")
+            print(stages.format_stages(st))
+        un = next(r for r in rows if r.name == names["unsharded"])
+        for r in rows:
+            if r is not un:
+                print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
+        print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {max(n_windows, batch)} windows a row")
+        rates, st = window_rates(paths["inner256k"], device, window, n_windows, batch, in_flight=in_flight)
+        print(f"  stages of our calls of {batch} windows, one at a time (the sharded store's stages are inside "
+              "'read + decode'):")
         print(stages.format_stages(st))
-    un = next(r for r in rows if r.name == names["unsharded"])
-    for r in rows:
-        if r is not un:
-            print(f"    {r.name}: {r.gbps / un.gbps:.2f}x the unsharded rate (target >= 1)")
-    print(f"(b) random windows {window} of the sharded array (256 KiB inner chunks), {max(n_windows, batch)} windows a row")
-    rates, st = window_rates(paths["inner256k"], device, window, n_windows, batch, in_flight=in_flight)
-    print(f"  stages of our calls of {batch} windows, one at a time (the sharded store's stages are inside "
-          "'read + decode'):")
-    print(stages.format_stages(st))
-    print("  fairness: tensorstore gets as many reads in flight as each of our rows has windows in flight; "
-          "'with a chunk cache per group' gives it a fresh cache pool per group of reads")
-    ours = next(rate for name, rate, _ in rates if name == f"gpuzarr-dist WindowSampler, {batch} windows per call")
-    for name, rate, note in rates:
-        print(f"    {name:<62} {rate:10.1f} windows/s   ours ({batch} per call)/this {ours / rate:6.2f}   {note}")
-    for line in window_ratios(rates, batch, in_flight):
-        print("    " + line)
-    wbytes = int(np.prod(window)) * 4
-    rows += [Row(name, "warm", 1.0 / rate, wbytes, note=f"{rate:.1f} windows/s") for name, rate, _ in rates]
-    meta = {"device": device, "threads": threads, "time_steps": steps, "grid": [nlat, nlon], "window": list(window),
-            "windows": n_windows, "batch": batch, "in_flight": in_flight, "quick": quick, "host": platform.node(),
-            "windows_per_s": {name: rate for name, rate, _ in rates}}
-    written = save(rows, out_dir, "bench-shards", f"sharded vs unsharded, random windows, {device}", meta)
-    print("saved:", ", ".join(written))
-    if tmp is not None:
-        tmp.cleanup()
+        print("  fairness: tensorstore gets as many reads in flight as each of our rows has windows in flight; "
+              "'with a chunk cache per group' gives it a fresh cache pool per group of reads")
+        ours = next(rate for name, rate, _ in rates if name == f"gpuzarr-dist WindowSampler, {batch} windows per call")
+        for name, rate, note in rates:
+            print(f"    {name:<62} {rate:10.1f} windows/s   ours ({batch} per call)/this {ours / rate:6.2f}   {note}")
+        for line in window_ratios(rates, batch, in_flight):
+            print("    " + line)
+        wbytes = int(np.prod(window)) * 4
+        rows += [Row(name, "warm", 1.0 / rate, wbytes, note=f"{rate:.1f} windows/s") for name, rate, _ in rates]
+        meta = {"device": device, "threads": threads, "time_steps": steps, "grid": [nlat, nlon], "window": list(window),
+                "windows": n_windows, "batch": batch, "in_flight": in_flight, "quick": quick, "host": platform.node(),
+                "windows_per_s": {name: rate for name, rate, _ in rates}}
+        written = save(rows, out_dir, "bench-shards", f"sharded vs unsharded, random windows, {device}", meta)
+        print("saved:", ", ".join(written))
     return 0

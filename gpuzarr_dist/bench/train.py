@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, save
 
 NAMES = ("t2m", "u10", "v10", "msl", "tcwv", "sp", "t850", "z500")
@@ -397,73 +398,67 @@ def run(args: Any) -> int:
            "workers": getattr(args, "workers", None) or (0 if quick else cores), "torch": have_torch,
            "base": getattr(args, "base", None) or 16, "repeats": getattr(args, "repeats", None) or 3,
            "seconds": 0.3 if quick else (getattr(args, "seconds", None) or 4.0), "warmup": 2 if quick else 4}
-    tmp = None
-    root = getattr(args, "path", None)
-    if root is None:
-        tmp = tempfile.TemporaryDirectory(prefix="gpuzarr-train-")
-        root = tmp.name
-    path = os.path.join(root, f"era5-group-{channels}x{steps}-{nlat}x{nlon}.zarr")
-    t0 = time.perf_counter()
-    cfg["names"] = make_group(path, channels, steps, nlat, nlon)
-    cfg["path"] = path
-    sample_bytes = channels * 2 * lat * nlon * 4
-    print(f"group of {channels} variables (time={steps}, {nlat}, {nlon}) float32 zstd, one chunk per step "
-          f"({time.perf_counter() - t0:.1f} s to make or find); samples ({channels}, 2, {lat}, {nlon}), "
-          f"{sample_bytes / 1e6:.2f} MB; batch {cfg['batch']}")
-    print(f"device: {device} ({gpu_status()[1]}); torch: {torch.__version__ if have_torch else 'not installed'}; "
-          f"{cfg['workers']} DataLoader workers; {platform.node()}")
+    with data_folder(getattr(args, "path", None), "gpuzarr-train-") as root:
+        path = os.path.join(root, f"era5-group-{channels}x{steps}-{nlat}x{nlon}.zarr")
+        t0 = time.perf_counter()
+        cfg["names"] = make_group(path, channels, steps, nlat, nlon)
+        cfg["path"] = path
+        sample_bytes = channels * 2 * lat * nlon * 4
+        print(f"group of {channels} variables (time={steps}, {nlat}, {nlon}) float32 zstd, one chunk per step "
+              f"({time.perf_counter() - t0:.1f} s to make or find); samples ({channels}, 2, {lat}, {nlon}), "
+              f"{sample_bytes / 1e6:.2f} MB; batch {cfg['batch']}")
+        print(f"device: {device} ({gpu_status()[1]}); torch: {torch.__version__ if have_torch else 'not installed'}; "
+              f"{cfg['workers']} DataLoader workers; {platform.node()}")
 
-    if cuda:
-        torch.backends.cudnn.benchmark = True  # one input shape throughout
-    rows: list[Row] = []
-    results: dict[tuple[str, str], dict] = {}
-    labels = {"ours": OURS, "zarr-python": "(b) DataLoader + zarr-python", "tensorstore": "(c) DataLoader + tensorstore"}
-    modes = ["alone"] + (["train"] if cuda and not quick else [])
-    for kind in ("ours", "zarr-python", "tensorstore"):
-        for mode in modes:
-            name = f"{labels[kind]}, {'loader alone' if mode == 'alone' else 'U-Net, 1 ' + ('GPU' if cuda else 'CPU')}"
-            why = None
-            if kind != "ours" and not have_torch:
-                why = "skipped: torch is not installed"
-            elif kind == "tensorstore":
-                try:
-                    import tensorstore  # noqa: F401
-                except ImportError:
-                    why = "skipped: tensorstore is not installed"
-            if why:
-                rows.append(Row(name, "warm", float("nan"), 0, note=why))
-                continue
-            res = run_row(kind, mode, cfg)
-            results[(kind, mode)] = res
-            rows.append(_row(name, res, cfg["batch"], sample_bytes, mode))
-    _DATALOADERS.clear()  # their worker processes end
-    gpus = torch.cuda.device_count() if cuda else 0
-    if cuda and not quick and gpus >= 2 and not getattr(args, "no_ddp", False):
-        res = run_ddp_rows(cfg, 2)
-        results[("ours", "ddp2")] = res
-        rows.append(_row(f"{OURS}, U-Net, 2 GPUs DDP", res, cfg["batch"], sample_bytes, "train"))
-    elif cuda and not quick:
-        rows.append(Row(f"{OURS}, U-Net, 2 GPUs DDP", "warm", float("nan"), 0, note=f"skipped: {gpus} GPU visible"))
+        if cuda:
+            torch.backends.cudnn.benchmark = True  # one input shape throughout
+        rows: list[Row] = []
+        results: dict[tuple[str, str], dict] = {}
+        labels = {"ours": OURS, "zarr-python": "(b) DataLoader + zarr-python", "tensorstore": "(c) DataLoader + tensorstore"}
+        modes = ["alone"] + (["train"] if cuda and not quick else [])
+        for kind in ("ours", "zarr-python", "tensorstore"):
+            for mode in modes:
+                name = f"{labels[kind]}, {'loader alone' if mode == 'alone' else 'U-Net, 1 ' + ('GPU' if cuda else 'CPU')}"
+                why = None
+                if kind != "ours" and not have_torch:
+                    why = "skipped: torch is not installed"
+                elif kind == "tensorstore":
+                    try:
+                        import tensorstore  # noqa: F401
+                    except ImportError:
+                        why = "skipped: tensorstore is not installed"
+                if why:
+                    rows.append(Row(name, "warm", float("nan"), 0, note=why))
+                    continue
+                res = run_row(kind, mode, cfg)
+                results[(kind, mode)] = res
+                rows.append(_row(name, res, cfg["batch"], sample_bytes, mode))
+        _DATALOADERS.clear()  # their worker processes end
+        gpus = torch.cuda.device_count() if cuda else 0
+        if cuda and not quick and gpus >= 2 and not getattr(args, "no_ddp", False):
+            res = run_ddp_rows(cfg, 2)
+            results[("ours", "ddp2")] = res
+            rows.append(_row(f"{OURS}, U-Net, 2 GPUs DDP", res, cfg["batch"], sample_bytes, "train"))
+        elif cuda and not quick:
+            rows.append(Row(f"{OURS}, U-Net, 2 GPUs DDP", "warm", float("nan"), 0, note=f"skipped: {gpus} GPU visible"))
 
-    print(f"\n{'row':<52} {'samples/s best':>14} {'median':>8} {'GPU busy':>9} {'nvml':>6}  note")
-    for r in rows:
-        e = r.extra
-        busy = f"{e['gpu_busy']:.0%}" if e.get("gpu_busy") is not None else "-"
-        nv = f"{e['nvml']:.0%}" if e.get("nvml") is not None else "-"
-        best = f"{e['samples_per_s']:.1f}" if "samples_per_s" in e else "-"
-        med = f"{e['samples_per_s_median']:.1f}" if "samples_per_s" in e else "-"
-        print(f"{r.name:<52} {best:>14} {med:>8} {busy:>9} {nv:>6}  {r.note}")
-    summary = _summary(results, cuda and not quick)
-    for line in summary:
-        print(line)
-    meta = {"device": device, "quick": quick, "channels": channels, "time_steps": steps, "shape": [nlat, nlon],
-            "sample_shape": [channels, 2, lat, nlon], "host": platform.node(), "gpus": gpus,
-            "torch": torch.__version__ if have_torch else None, "summary": summary,
-            **{k: cfg[k] for k in ("batch", "prefetch", "workers", "base", "repeats", "seconds")}}
-    out_dir = getattr(args, "out", None) or "bench-results"
-    print("saved:", ", ".join(save(rows, out_dir, "bench-train", "training loaders: samples/s", meta)))
-    if tmp is not None:
-        tmp.cleanup()
+        print(f"\n{'row':<52} {'samples/s best':>14} {'median':>8} {'GPU busy':>9} {'nvml':>6}  note")
+        for r in rows:
+            e = r.extra
+            busy = f"{e['gpu_busy']:.0%}" if e.get("gpu_busy") is not None else "-"
+            nv = f"{e['nvml']:.0%}" if e.get("nvml") is not None else "-"
+            best = f"{e['samples_per_s']:.1f}" if "samples_per_s" in e else "-"
+            med = f"{e['samples_per_s_median']:.1f}" if "samples_per_s" in e else "-"
+            print(f"{r.name:<52} {best:>14} {med:>8} {busy:>9} {nv:>6}  {r.note}")
+        summary = _summary(results, cuda and not quick)
+        for line in summary:
+            print(line)
+        meta = {"device": device, "quick": quick, "channels": channels, "time_steps": steps, "shape": [nlat, nlon],
+                "sample_shape": [channels, 2, lat, nlon], "host": platform.node(), "gpus": gpus,
+                "torch": torch.__version__ if have_torch else None, "summary": summary,
+                **{k: cfg[k] for k in ("batch", "prefetch", "workers", "base", "repeats", "seconds")}}
+        out_dir = getattr(args, "out", None) or "bench-results"
+        print("saved:", ", ".join(save(rows, out_dir, "bench-train", "training loaders: samples/s", meta)))
     return 0
 
 

@@ -104,6 +104,7 @@ def main() -> None:
     loader = ZarrLoader(store, variables=names, window={"time": 2, "latitude": lat, "longitude": lon},
                         stride={"time": 1}, batch_size=args.batch, shuffle=True, seed=0, prefetch=2,
                         device="gpu" if cuda else "cpu", output="torch")
+    torch.manual_seed(0)  # the same initial weights on every rank and every run
     model = UNet(len(names)).to(dev)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)

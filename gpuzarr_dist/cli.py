@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     read = bench_sub.add_parser("read", help="read throughput of a whole array (and its time mean)")
     read.add_argument("--quick", action="store_true", help="a small array and fewer repeats")
     read.add_argument("--time-steps", metavar="N", type=_positive_int, help="time steps of the ERA5-like array")
-    read.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
+    read.add_argument("--path", metavar="STORE", help="the zstd store to read (kept and reused; the Blosc copy goes beside it)")
     read.add_argument("--out", metavar="DIR", help="folder for the result tables")
     read.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")
     read.add_argument("--threads", metavar="N", type=_positive_int, help="dask threads (default: min(16, CPUs))")

@@ -178,6 +178,19 @@ def test_random_windows_example_runs():
     assert "160 windows (4, 64, 64) in 5 batches on cpu" in r.stdout and "identical to zarr-python's" in r.stdout
 
 
+def test_train_unet_example_runs_and_learns(tmp_path):
+    """The training example writes its small group, trains two epochs through ZarrLoader on the CPU, and the
+    loss goes down."""
+    pytest.importorskip("torch")
+    script = os.path.join(ROOT, "examples", "train_unet.py")
+    r = subprocess.run([sys.executable, script, "--device", "cpu"], capture_output=True, text=True, env=_env(),
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    losses = [float(line.split("loss ")[1].split(",")[0]) for line in r.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(losses) >= 2 and losses[-1] < losses[0], r.stdout
+    assert "variables=['t2m', 'u10', 'v10']" in r.stdout and "samples/s" in r.stdout
+
+
 @pytest.mark.parametrize("argv", [["demo", "--time-steps", "0"], ["demo", "--device", "tpu"], ["info", "a.zarr", "b.zarr"], ["cluster", "--n-gpus", "0"]])
 def test_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:

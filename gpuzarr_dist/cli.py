@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--repeats", metavar="N", type=_positive_int, help="timed windows per row (default 3)")
     tr.add_argument("--seconds", metavar="S", type=float, help="length of a timed window (default 4)")
     tr.add_argument("--no-ddp", action="store_true", help="skip the 2-GPU DDP row")
+    tr.add_argument("--loaders", metavar="LIST", help="comma-separated loaders to run (default: all): ours, "
+                    "zarr-python, tensorstore")
+    tr.add_argument("--no-train", action="store_true", help="the loaders alone only: no U-Net rows and no DDP row")
     tr.add_argument("--path", metavar="DIR", help="where the data goes (kept and reused)")
     tr.add_argument("--out", metavar="DIR", help="folder for bench-train.json")
     tr.add_argument("--device", choices=("auto", "gpu", "cpu"), default="auto", help="device (default: auto)")

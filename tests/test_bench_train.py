@@ -63,3 +63,14 @@ def test_unet_learns_the_shape():
     before = [p.detach().clone() for p in model.parameters()]
     trainer.step(torch.randn(2, 3, 2, 16, 24))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_bench_train_runs_only_the_loaders_named(tmp_path, capsys):
+    code = main(["bench", "train", "--quick", "--device", "cpu", "--loaders", "ours", "--path", str(tmp_path / "data"),
+                 "--out", str(tmp_path / "res")])
+    assert code == 0
+    with open(tmp_path / "res" / "bench-train.json") as f:
+        names = [r["name"] for r in json.load(f)["rows"]]
+    assert names == ["(a) ZarrLoader, loader alone"]
+    with pytest.raises(SystemExit, match="unknown loader.*'dali'.*choose from ours, zarr-python, tensorstore"):
+        main(["bench", "train", "--quick", "--device", "cpu", "--loaders", "ours,dali", "--path", str(tmp_path / "data")])

@@ -375,10 +375,25 @@ def run_ddp_rows(cfg: dict, world: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- the command
+LOADERS = ("ours", "zarr-python", "tensorstore")
+
+
+def selected_loaders(loaders: str | None) -> list[str]:
+    """The loaders ``--loaders`` names (comma-separated), in :data:`LOADERS` order; all of them by default."""
+    if not loaders:
+        return list(LOADERS)
+    names = [n.strip() for n in loaders.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(LOADERS))
+    if unknown or not names:
+        raise SystemExit(f"bench train: unknown loader(s) {unknown or loaders!r}; choose from {', '.join(LOADERS)}")
+    return [n for n in LOADERS if n in names]
+
+
 def run(args: Any) -> int:
     from gpuzarr_dist.cuda.device import gpu_status, resolve_device
 
     device = resolve_device(getattr(args, "device", "auto") or "auto")
+    loaders = selected_loaders(getattr(args, "loaders", None))  # a wrong name fails before any data is made
     quick = bool(getattr(args, "quick", False)) or device == "cpu"
     if device == "cpu" and not getattr(args, "quick", False):
         print("no GPU: running the quick CPU version (the loaders alone)")
@@ -415,8 +430,9 @@ def run(args: Any) -> int:
         rows: list[Row] = []
         results: dict[tuple[str, str], dict] = {}
         labels = {"ours": OURS, "zarr-python": "(b) DataLoader + zarr-python", "tensorstore": "(c) DataLoader + tensorstore"}
-        modes = ["alone"] + (["train"] if cuda and not quick else [])
-        for kind in ("ours", "zarr-python", "tensorstore"):
+        train = cuda and not quick and not getattr(args, "no_train", False)
+        modes = ["alone"] + (["train"] if train else [])
+        for kind in loaders:
             for mode in modes:
                 name = f"{labels[kind]}, {'loader alone' if mode == 'alone' else 'U-Net, 1 ' + ('GPU' if cuda else 'CPU')}"
                 why = None
@@ -435,11 +451,12 @@ def run(args: Any) -> int:
                 rows.append(_row(name, res, cfg["batch"], sample_bytes, mode))
         _DATALOADERS.clear()  # their worker processes end
         gpus = torch.cuda.device_count() if cuda else 0
-        if cuda and not quick and gpus >= 2 and not getattr(args, "no_ddp", False):
+        ddp = train and "ours" in loaders and not getattr(args, "no_ddp", False)
+        if ddp and gpus >= 2:
             res = run_ddp_rows(cfg, 2)
             results[("ours", "ddp2")] = res
             rows.append(_row(f"{OURS}, U-Net, 2 GPUs DDP", res, cfg["batch"], sample_bytes, "train"))
-        elif cuda and not quick:
+        elif ddp:
             rows.append(Row(f"{OURS}, U-Net, 2 GPUs DDP", "warm", float("nan"), 0, note=f"skipped: {gpus} GPU visible"))
 
         print(f"\n{'row':<52} {'samples/s best':>14} {'median':>8} {'GPU busy':>9} {'nvml':>6}  note")

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist.bench.report import selected
+
 ROWS = {
     "ours-cubed": "gpuzarr-dist Cubed variant (from_zarr_gpu + ThreadsExecutor)",
     "ours-dask": "gpuzarr-dist dask path (from_zarr_gpu, to_zarr_gpu, threads)",
@@ -322,13 +324,7 @@ def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progre
 
 def selected_rows(rows: str | None) -> list[str]:
     """The rows ``--rows`` names (comma-separated), in ``ROWS`` order; all of them by default."""
-    if not rows:
-        return list(ROWS)
-    names = [r.strip() for r in rows.split(",") if r.strip()]
-    unknown = [r for r in names if r not in ROWS]
-    if unknown or not names:
-        raise SystemExit(f"bench cubed: unknown row(s) {unknown or rows!r}; choose from {', '.join(ROWS)}")
-    return [r for r in ROWS if r in names]
+    return selected(rows, ROWS, "bench cubed", "row")
 
 
 #: time steps of the GPU default: 9.3 GiB, so allowed_mem (a tenth) is 0.93 GiB, a per-task budget a GPU

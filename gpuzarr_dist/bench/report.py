@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -20,6 +20,18 @@ def timed(fn: Callable[[], Any], repeats: int, warm: bool = True) -> list[float]
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def selected(given: str | None, choices: Collection[str], command: str, noun: str) -> list[str]:
+    """The names a comma-separated option (``given``) picks from ``choices``, in ``choices`` order; all of them
+    when it is empty. An unknown name exits with a message naming ``command`` and the ``noun``."""
+    if not given:
+        return list(choices)
+    names = [n.strip() for n in given.split(",") if n.strip()]
+    unknown = [n for n in names if n not in choices]
+    if unknown or not names:
+        raise SystemExit(f"{command}: unknown {noun}(s) {unknown or given!r}; choose from {', '.join(choices)}")
+    return [n for n in choices if n in names]
 
 
 def best_of(fn: Callable[[], Any], repeats: int = 3) -> float:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from gpuzarr_dist.bench.files import data_folder
-from gpuzarr_dist.bench.report import Row, save
+from gpuzarr_dist.bench.report import Row, save, selected
 
 NAMES = ("t2m", "u10", "v10", "msl", "tcwv", "sp", "t850", "z500")
 OURS = "(a) ZarrLoader"
@@ -380,13 +380,7 @@ LOADERS = ("ours", "zarr-python", "tensorstore")
 
 def selected_loaders(loaders: str | None) -> list[str]:
     """The loaders ``--loaders`` names (comma-separated), in :data:`LOADERS` order; all of them by default."""
-    if not loaders:
-        return list(LOADERS)
-    names = [n.strip() for n in loaders.split(",") if n.strip()]
-    unknown = sorted(set(names) - set(LOADERS))
-    if unknown or not names:
-        raise SystemExit(f"bench train: unknown loader(s) {unknown or loaders!r}; choose from {', '.join(LOADERS)}")
-    return [n for n in LOADERS if n in names]
+    return selected(loaders, LOADERS, "bench train", "loader")
 
 
 def run(args: Any) -> int:

@@ -365,6 +365,11 @@ def cluster_placement() -> bool:
     return _flag_setting("gpuzarr.cluster.placement")
 
 
+def cluster_whole_waves() -> bool:
+    """``gpuzarr.cluster.whole-waves``: on a distributed client, ``auto`` blocks come in multiples of a worker's threads."""
+    return _flag_setting("gpuzarr.cluster.whole-waves")
+
+
 def cluster_warm() -> bool:
     """``gpuzarr.cluster.warm``: ``start_cluster`` warms every GPU worker before it returns."""
     return _flag_setting("gpuzarr.cluster.warm")

@@ -62,11 +62,70 @@ def auto_block_shape(spec: ArraySpec, target_bytes: int, balance: bool = False) 
     return tuple(min(b, max(n, 1)) for b, n in zip(block, spec.shape))
 
 
+def block_count(spec: ArraySpec, block: tuple[int, ...]) -> int:
+    """How many blocks of shape ``block`` cover the array."""
+    return math.prod(math.ceil(max(n, 1) / b) for n, b in zip(spec.shape, block))
+
+
+#: whole waves: a block may grow to this many times the asked size, or shrink to this fraction of it
+WAVE_GROW, WAVE_SHRINK = 1.25, 0.7
+
+
+def whole_wave_block_shape(spec: ArraySpec, target_bytes: int, threads: int) -> tuple[int, ...]:
+    """:func:`auto_block_shape` with a block count that is a multiple of ``threads``, where one is near.
+
+    With ``n`` blocks of about ``target_bytes`` on ``threads`` threads, the last
+    ``n % threads`` run alone at the end (9 blocks on 8 threads: the ninth after
+    the other eight). The count goes down to the multiple below (blocks up to
+    :data:`WAVE_GROW` times larger) or else up to the multiple above (blocks
+    down to :data:`WAVE_SHRINK` times), and the blocks are balanced. Unchanged
+    where no multiple gives blocks in that range or ``n`` is at most ``threads``
+    (one wave; smaller blocks would only add calls).
+    """
+    shape = auto_block_shape(spec, target_bytes)
+    n = block_count(spec, shape)
+    if threads < 2 or n <= threads or n % threads == 0:
+        return shape
+    below = n - n % threads
+    for m in (below, below + threads):
+        if not WAVE_SHRINK <= n / m <= WAVE_GROW:
+            continue
+        for step in range(32):  # the smallest size (in 1% steps) whose balanced blocks number exactly m
+            size = int(target_bytes * n / m * (1 + step / 100))
+            candidate = auto_block_shape(spec, size, balance=True)
+            count = block_count(spec, candidate)
+            if count == m:
+                return candidate
+            if count < m:
+                break
+    return shape
+
+
+def _cluster_threads() -> int | None:
+    """The fewest threads of a worker of the distributed client this process uses, or None without one."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        client = default_client()
+    except ValueError:  # no client: dask's local schedulers
+        return None
+    if client.asynchronous:
+        return None
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    threads = [int(w.get("nthreads", 0)) for w in workers.values()]
+    return min(threads) if threads and min(threads) > 0 else None
+
+
 def _block_chunks(spec: ArraySpec, chunks: Any, device: str, object_store: bool = False) -> tuple[tuple[int, ...], ...]:
     if chunks is None or (isinstance(chunks, str) and chunks == "auto"):
         target, cap = config.block_size_bytes(device, gpu_memory_bytes), config.remote_block_bytes() if object_store else 0
         if cap:  # an object store: several blocks, so that each decodes while others' requests are in flight
             target = min(target, cap)
+        threads = _cluster_threads() if config.cluster_whole_waves() else None
+        if threads:
+            return normalize_chunks(whole_wave_block_shape(spec, target, threads), spec.shape)
         return normalize_chunks(auto_block_shape(spec, target), spec.shape)
     if isinstance(chunks, str):  # e.g. "512 MiB": a block size to aim for, still chunk-aligned
         from dask.utils import parse_bytes

@@ -219,8 +219,9 @@ class FakeLocalCUDACluster(distributed.LocalCluster):
             memory_limit=memory_limit, device_memory_limit=device_memory_limit, rmm_async=rmm_async,
             rmm_pool_size=rmm_pool_size, rmm_allocator_external_lib_list=rmm_allocator_external_lib_list,
             spawn_env=dict(dask.config.get("distributed.nanny.pre-spawn-environ")), **kwargs))
+        # dask-cuda puts its own preload, which creates the CUDA context, after the preloads it is given
         super().__init__(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=False,
-                         dashboard_address=None)
+                         dashboard_address=None, preload=[*kwargs.get("preload", []), "tests.helpers.cuda_initialize_standin"])
 
 
 @pytest.fixture
@@ -251,7 +252,10 @@ def test_gpu_path_one_worker_per_gpu(fake_gpus, store, capsys):
         # the plugin set every worker up for the GPU and shared the pool
         states = client.run(cluster_mod.worker_state)
         assert [s["device"] for s in states.values()] == ["gpu", "gpu"]
-        assert len(fake_gpus.pool_shared) == 2
+        assert len(fake_gpus.pool_shared) == 2  # once per worker, not again by a preload
+        # and nothing touched the GPU before dask-cuda's preload made the CUDA context
+        before = client.run(lambda dask_worker: dask_worker.gpuzarr_setup_before_cuda_init)
+        assert list(before.values()) == [False, False]
         x = gz.from_zarr_gpu(path, device="cpu")
         np.testing.assert_allclose(x.max(axis=0).compute(), ref.max(axis=0))
 

@@ -246,8 +246,14 @@ def _sched_info_params() -> tuple[str, ...]:
 
 def _local_cluster(n_gpus: int | None, threads_per_gpu: int | None, device: str, memory_limit: Any,
                    device_memory_limit: Any, rmm: bool | None, env: dict | None, dashboard_address: str | None,
-                   kwargs: dict) -> tuple[Any, WorkerSetup, str]:
-    """Start the local cluster :func:`start_cluster` describes; return it, its worker plugin and a description."""
+                   kwargs: dict, preload: bool = True) -> tuple[Any, WorkerSetup, str]:
+    """Start the local cluster :func:`start_cluster` describes; return it, its worker plugin and a description.
+
+    ``preload``: the workers set themselves up through :mod:`gpuzarr_dist.distributed.preload`, for a cluster
+    no client will register :class:`WorkerSetup` with. A client that registers it should not ask for the
+    preload: each worker would be set up (and warmed) twice, and on GPUs the preload's set-up runs before
+    dask-cuda's own preload, which creates the CUDA context and warns when one exists already.
+    """
     kind = "cpu"
     if device != "cpu":
         ok, why = gpu_status()
@@ -286,7 +292,8 @@ def _local_cluster(n_gpus: int | None, threads_per_gpu: int | None, device: str,
         desc = (f"LocalCluster (CPU{'' if device == 'cpu' else ': ' + reason}): "
                 f"{opts['n_workers']} worker process(es), {opts['threads_per_worker']} thread(s) each")
 
-    opts["preload"] = [*opts.get("preload", []), "gpuzarr_dist.distributed.preload"]
+    if preload:
+        opts["preload"] = [*opts.get("preload", []), "gpuzarr_dist.distributed.preload"]
     with dask.config.set({"distributed.nanny.pre-spawn-environ": spawn_env, "gpuzarr": gz_config}):
         cluster = cluster_cls(**opts)
     return cluster, plugin, desc
@@ -378,8 +385,9 @@ def start_cluster(
     if address is not None or scheduler_file is not None:
         return _connect(address, scheduler_file, n_gpus, threads_per_gpu, device, quiet, kwargs)
 
+    # set up by the registration below, which the scheduler also hands to workers that restart
     cluster, plugin, desc = _local_cluster(n_gpus, threads_per_gpu, device, memory_limit, device_memory_limit,
-                                           rmm, env, dashboard_address, kwargs)
+                                           rmm, env, dashboard_address, kwargs, preload=False)
     n_workers = len(cluster.worker_spec)
     try:
         client = distributed.Client(cluster)

@@ -6,6 +6,7 @@ bounded prefetch; on the GPU, cupy and torch batches on the device, ready on the
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -266,6 +267,98 @@ def test_object_store(tmp_path):
     for i, batch in enumerate(batches):
         for j, w in enumerate(batch):
             np.testing.assert_array_equal(w, _zarr_window(path, ["u10", "t2m"], starts[i * 4 + j], (2, 6, 6)))
+
+
+def _timed_samplers(loader, variables, delay, record):
+    """Wrap each sampler's ``sample`` to wait ``delay`` seconds and record (variable, batch key, thread, start, end)."""
+    lock = threading.Lock()
+    for v, s in zip(variables, loader.samplers):
+        def timed(starts, v=v, orig=s.sample):
+            t0 = time.perf_counter()
+            threading.Event().wait(delay)
+            out = orig(starts)
+            t1 = time.perf_counter()
+            with lock:
+                record.append((v, np.asarray(starts).tobytes(), threading.current_thread().name, t0, t1))
+            return out
+
+        s.sample = timed
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_variables_of_a_batch_are_read_at_the_same_time(tmp_path, prefetch):
+    path = str(tmp_path / "g.zarr")
+    _group(path)
+    variables = ["u10", "v10", "t2m"]
+    window = (3, 9, 13)
+    loader = ZarrLoader(path, variables=variables, window={"time": 3, "lat": 9, "lon": 13}, batch_size=3, seed=4,
+                        device="cpu", output="numpy", prefetch=prefetch)
+    for rnd in range(2):  # the second after close(): the loader makes its threads again
+        record = []
+        _timed_samplers(loader, variables, 0.1, record)
+        starts = loader.epoch_starts()
+        n = 0
+        for i, batch in enumerate(loader):
+            assert batch.shape == (3, 3, *window)
+            for j, w in enumerate(batch):
+                np.testing.assert_array_equal(w, _zarr_window(path, variables, starts[i * 3 + j], window))
+            calls = [r for r in record if r[1] == starts[i * 3 : i * 3 + 3].tobytes()]
+            assert sorted(r[0] for r in calls) == sorted(variables)  # each variable read once for this batch
+            threads = {r[2] for r in calls}
+            assert len(threads) == 3 and all(t.startswith("gpuzarr-loader-parts") for t in threads)
+            assert max(r[3] for r in calls) < min(r[4] for r in calls)  # all three were running at one moment
+            n += 1
+        assert n == len(loader) == 4
+        loader.close()
+        assert loader._part_pool is None and loader._pool is None
+        for s in loader.samplers:
+            del s.sample  # the samplers' own method again
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_an_error_in_one_variable_is_raised_at_its_batch_after_the_other_parts_end(tmp_path, prefetch):
+    path = str(tmp_path / "g.zarr")
+    _group(path)
+    variables = ["u10", "v10", "t2m"]
+    window = (2, 5, 6)
+    loader = ZarrLoader(path, variables=variables, window={"time": 2, "lat": 5, "lon": 6}, batch_size=2, shuffle=False,
+                        device="cpu", output="numpy", prefetch=prefetch)
+    starts = loader.epoch_starts()
+    k = 3
+    bad = starts[k * 2 : k * 2 + 2]
+    lock = threading.Lock()
+    state = {"running": 0}
+    last_started = threading.Event()  # the third variable's part of batch k is running
+
+    for i, s in enumerate(loader.samplers):
+        def part(st, i=i, orig=s.sample):
+            with lock:
+                state["running"] += 1
+            try:
+                ours = np.array_equal(st, bad)
+                if i == 2 and ours:
+                    last_started.set()
+                if i == 1 and ours:
+                    assert last_started.wait(5)
+                    raise OSError("v10: a damaged chunk")  # while the third variable's part still runs
+                threading.Event().wait(0.6 if i == 2 and ours else 0.05)  # batch k's part outlasts the batches after
+                return orig(st)
+            finally:
+                with lock:
+                    state["running"] -= 1
+
+        s.sample = part
+    got = []
+    with pytest.raises(OSError, match="v10: a damaged chunk"):
+        for batch in loader:
+            got.append(batch)
+    with lock:
+        assert state["running"] == 0  # no part of batch k (or of any batch) left running behind the error
+    assert len(got) == k  # raised where batch k would have been yielded
+    for i, batch in enumerate(got):
+        for j, w in enumerate(batch):
+            np.testing.assert_array_equal(w, _zarr_window(path, variables, starts[i * 2 + j], window))
+    loader.close()
 
 
 # --------------------------------------------------------------------------- GPU

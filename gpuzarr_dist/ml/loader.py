@@ -6,9 +6,10 @@ window inside the array). An epoch visits the grid in an order that depends
 on ``(seed, epoch)`` only, and each rank of a distributed run takes its own
 share, as ``torch.utils.data.DistributedSampler`` does. Reading goes through
 :class:`~gpuzarr_dist.array.windows.WindowSampler`: a batch's windows of one
-variable are one batched read and one batched decode. The next ``prefetch``
-batches are read on the loader's threads (on the GPU each with its own
-stream) while the caller works on the current one.
+variable are one batched read and one batched decode, and a batch's variables
+are read at the same time, each on its own thread (on the GPU: its own
+stream). The next ``prefetch`` batches are read on the loader's threads while
+the caller works on the current one.
 
 See ``docs/training.md`` for the design and the ordering rules on the GPU.
 """
@@ -22,7 +23,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -69,6 +70,8 @@ class ZarrLoader:
         initialised, else 0 of 1.
     prefetch
         Batches read ahead of the one the caller holds (0: read when asked).
+        The variables of each batch are read at the same time, each on a
+        thread of its own.
     device
         ``"auto"``, ``"gpu"`` or ``"cpu"``: where chunks are decoded and
         windows cut (on the GPU: the current CUDA device of the thread that
@@ -147,7 +150,9 @@ class ZarrLoader:
             raise ValueError(f"{self.name}: {self.num_windows} windows on the grid cannot give each of {self.world_size} "
                              "ranks one")
         self.epoch = 0
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: ThreadPoolExecutor | None = None  # batches read ahead
+        self._part_pool: ThreadPoolExecutor | None = None  # the variables of a batch, one call each
+        self._held: list[tuple[Any, list[Any]]] = []  # (copy's event, parts) on the GPU: see _hold_until_copied
         self._slots: dict[tuple[int, int], Any] = {}  # (device, batch length) -> BatchSlots (GPU)
         self._lock = threading.Lock()
 
@@ -235,15 +240,54 @@ class ZarrLoader:
                 self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="gpuzarr-loader")
             return self._pool
 
+    def _part_threads(self) -> ThreadPoolExecutor:
+        """The threads that read the variables of a batch: apart from the prefetch threads, so that a batch
+        waiting for its parts never holds a thread a part needs; one per variable of every batch in flight
+        (with ``prefetch=0``, the caller's one batch)."""
+        with self._lock:
+            if self._part_pool is None:
+                self._part_pool = ThreadPoolExecutor(max(self.prefetch, 1) * len(self.samplers),
+                                                     thread_name_prefix="gpuzarr-loader-parts")
+            return self._part_pool
+
     def _current_device(self) -> int:
         from gpuzarr_dist.cuda.handoff import current_device
 
         return current_device()
 
+    def _parts(self, starts: np.ndarray, gpu_device: int | None) -> list[Any]:
+        """Each variable's windows at ``starts``, in ``variables`` order, read at the same time on the part
+        threads (one variable: on this thread). An error in any part is raised once every part of the batch
+        has ended (the first failed part in ``variables`` order); parts not started by then are not run."""
+        if len(self.samplers) == 1:
+            return [self.samplers[0].sample(starts)]
+        pool = self._part_threads()
+        futures = [pool.submit(self._part, s, starts, gpu_device) for s in self.samplers]
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+        finally:  # after a failure (or an interruption of this thread): start no more parts, let the running end
+            for f in futures:
+                f.cancel()
+            wait(futures)
+        for f in futures:
+            if not f.cancelled() and f.exception() is not None:
+                raise f.exception()
+        return [f.result() for f in futures]
+
+    @staticmethod
+    def _part(sampler: WindowSampler, starts: np.ndarray, gpu_device: int | None) -> Any:
+        """One variable's windows, on a part thread (on the GPU: on the iterating thread's device, with this
+        thread's own stream; complete when returned, as :meth:`WindowSampler.sample` synchronises it)."""
+        if gpu_device is not None:
+            from gpuzarr_dist.cuda.device import use_device
+
+            use_device(gpu_device)
+        return sampler.sample(starts)
+
     def _read(self, starts: np.ndarray, gpu_device: int | None) -> tuple[Any, Any]:
         """One batch (on a prefetch thread): ``(array, ready event or None)``, numpy or cupy."""
         if gpu_device is None:
-            parts = [s.sample(starts) for s in self.samplers]
+            parts = self._parts(starts, None)
             if self.variables is None:
                 return parts[0].astype(self.dtype, copy=False), None
             return np.stack([p.astype(self.dtype, copy=False) for p in parts], axis=1), None
@@ -251,10 +295,10 @@ class ZarrLoader:
         from gpuzarr_dist.cuda.handoff import BatchSlots, gather_host
 
         use_device(gpu_device)
-        parts = [s.sample(starts) for s in self.samplers]
+        parts = self._parts(starts, gpu_device)
         axis = None if self.variables is None else 1
         if self.output == "numpy":
-            return gather_host(parts, axis, self.dtype), None
+            return gather_host(parts, axis, self.dtype), None  # copied down and waited for: parts may be freed
         key = (gpu_device, len(starts))
         with self._lock:
             slots = self._slots.get(key)
@@ -262,7 +306,36 @@ class ZarrLoader:
                 shape = (len(starts), *((len(parts),) if axis else ()), *self.window)
                 slots = self._slots[key] = BatchSlots(shape, self.dtype, gpu_device)
         out = slots.take()
-        return out, slots.fill(out, parts, axis)
+        # The parts of several variables were made on the part threads' streams, and fill() copies them on
+        # this thread's stream. Reading them there is correct: each sample() synchronised its own stream
+        # before it returned, and this thread saw its result only after, so the parts are complete before
+        # the copy is queued. Freeing them is what needs care: CuPy's pool gives a freed block back to the
+        # stream that allocated it, where the part thread's next sample() may write it at once, while this
+        # stream's copy (queued behind the slot's previous readers) may not have run yet. So they are held
+        # until the copy's event is done (_hold_until_copied). One variable's part is this thread's own,
+        # freed behind the copy on this very stream.
+        try:
+            ready = slots.fill(out, parts, axis)
+        except BaseException:
+            from gpuzarr_dist.cuda.streams import sync_thread_stream
+
+            sync_thread_stream()  # copies queued before the failure end before the parts are freed
+            raise
+        if len(parts) > 1:
+            self._hold_until_copied(ready, parts)
+        return out, ready
+
+    def _hold_until_copied(self, ready: Any, parts: list[Any]) -> None:
+        """Keep ``parts`` (device arrays of other threads' streams) until the event ``ready`` of their copy
+        is done; those whose copy is done by now are freed. The parts held are at most those of the batches
+        whose copy still waits, each behind the readers of its slot's previous batch: bounded by the slots."""
+        with self._lock:
+            done, keep = [], []
+            for item in self._held:
+                (done if item[0].done else keep).append(item)
+            keep.append((ready, parts))
+            self._held = keep
+        del done  # freed outside the lock
 
     def _deliver(self, got: tuple[Any, Any]) -> Any:
         """The batch as the caller asked for it (in the caller's thread, on its streams)."""
@@ -291,9 +364,16 @@ class ZarrLoader:
         """End the loader's threads and free its idle device buffers; the loader stays usable."""
         with self._lock:
             pool, self._pool = self._pool, None
+            part_pool, self._part_pool = self._part_pool, None
             slots = list(self._slots.values())
-        if pool is not None:
-            pool.shutdown(wait=True)
+        for p in (pool, part_pool):  # batches first: they wait for their parts
+            if p is not None:
+                p.shutdown(wait=True)
+        with self._lock:
+            held, self._held = self._held, []
+        for ready, _ in held:
+            ready.synchronize()  # the copies out of the parts are done before the parts are freed
+        del held
         for s in slots:
             s.close()
         for s in self.samplers:

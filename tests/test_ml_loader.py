@@ -361,6 +361,49 @@ def test_an_error_in_one_variable_is_raised_at_its_batch_after_the_other_parts_e
     loader.close()
 
 
+def test_parts_held_for_their_copies_are_bounded_and_freed_once_copied(group):
+    """The GPU path's bookkeeping, with stand-in events: parts are kept until their copy's event is done, and
+    beyond ``prefetch + 2`` batches the oldest copies are waited for."""
+    import weakref
+
+    class Event:
+        def __init__(self):
+            self.done, self.waited = False, False
+
+        def synchronize(self):
+            self.waited = self.done = True
+
+    class Part:  # stands for a device array: weakly referable, so its freeing can be seen
+        pass
+
+    loader = ZarrLoader(group, variables=["t2m", "u10"], window={"lat": 3}, device="cpu", output="numpy", prefetch=1)
+    events, refs = [], []
+    for _ in range(3):  # up to prefetch + 2 held: nothing waited for
+        ev, part = Event(), Part()
+        events.append(ev)
+        refs.append(weakref.ref(part))
+        loader._hold_until_copied(ev, [part])
+        del part
+    assert all(r() is not None for r in refs) and not any(e.waited for e in events)
+    events[1].done = True  # its copy ran: freed at the next batch
+    ev, part = Event(), Part()
+    events.append(ev)
+    refs.append(weakref.ref(part))
+    loader._hold_until_copied(ev, [part])
+    del part
+    assert refs[1]() is None and [r() is not None for r in refs] == [True, False, True, True]
+    assert not any(e.waited for e in events)
+    ev, part = Event(), Part()  # four copies pending: the oldest is waited for
+    events.append(ev)
+    refs.append(weakref.ref(part))
+    loader._hold_until_copied(ev, [part])
+    del part
+    assert events[0].waited and refs[0]() is None and not any(e.waited for e in events[2:])
+    assert [r() is not None for r in refs] == [False, False, True, True, True]
+    loader.close()  # waits for the rest and frees them
+    assert all(e.waited for e in events[2:]) and all(r() is None for r in refs) and not loader._held
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -468,6 +511,43 @@ def test_gpu_bare_array_cupy(tmp_path):
             t, y, x = starts[i * 3 + j]
             np.testing.assert_array_equal(w, z[t:t + 2, y:y + 10, x:x + 10])
     loader.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prefetch", [2, 0])
+def test_gpu_three_variables_read_at_the_same_time_equal_zarr_python(tmp_path, prefetch):
+    import cupy
+
+    path = str(tmp_path / "g.zarr")
+    _group(path, sharded=True)
+    variables = ["u10", "t2m", "v10"]
+    loader = ZarrLoader(path, variables=variables, window={"time": 2, "lat": 6, "lon": 7}, batch_size=4, seed=3,
+                        device="gpu", output="cupy", prefetch=prefetch)
+    threads = set()
+    lock = threading.Lock()
+    for s in loader.samplers:
+        def named(starts, orig=s.sample):
+            with lock:
+                threads.add(threading.current_thread().name)
+            return orig(starts)
+
+        s.sample = named
+    starts = loader.epoch_starts()
+    n = 0
+    for i, batch in enumerate(loader):
+        assert isinstance(batch, cupy.ndarray) and batch.device.id == cupy.cuda.Device().id
+        assert batch.shape == (4, 3, 2, 6, 7) and batch.dtype == np.float32
+        # copied down on the stream the batch was handed to (this thread's current one), then waited for
+        consumer = cupy.cuda.get_current_stream()
+        host = cupy.asnumpy(batch, stream=consumer)
+        consumer.synchronize()
+        for j, w in enumerate(host):
+            np.testing.assert_array_equal(w, _zarr_window(path, variables, starts[i * 4 + j], (2, 6, 7)))
+        n += 1
+    assert n == len(loader) > 0
+    assert len(threads) > 1 and all(t.startswith("gpuzarr-loader-parts") for t in threads)  # not the caller's thread
+    loader.close()
+    assert not loader._held  # the parts held for their copies are freed by close()
 
 
 @pytest.mark.parametrize("drop_last", [True, False])

@@ -91,7 +91,9 @@ class ZarrLoader:
     stream waits for the batch's writes on the device, and the host does not
     wait. A yielded batch's memory is not reused while that stream may still
     read it. Device memory is a batch per batch in flight (``prefetch``) plus
-    the batches the caller still holds.
+    the batches the caller still holds, and (several variables) the
+    variables' windows of at most ``prefetch + 2`` batches whose copy into
+    their buffer may not have run yet on the device.
     """
 
     def __init__(self, source: Any, variables: Sequence[str] | None = None, window: Mapping[str, int] | Sequence[int] | None = None,
@@ -327,15 +329,24 @@ class ZarrLoader:
 
     def _hold_until_copied(self, ready: Any, parts: list[Any]) -> None:
         """Keep ``parts`` (device arrays of other threads' streams) until the event ``ready`` of their copy
-        is done; those whose copy is done by now are freed. The parts held are at most those of the batches
-        whose copy still waits, each behind the readers of its slot's previous batch: bounded by the slots."""
+        is done, and free those held whose copy is done by now.
+
+        A copy waits on the device for the readers of its slot's previous
+        batch, so while the training step's stream lags behind, copies pend.
+        At most ``prefetch + 2`` batches' parts are held: beyond that, this
+        thread waits for the oldest copies (what reading on one stream did: a
+        thread's next read queued behind its last copy).
+        """
         with self._lock:
             done, keep = [], []
             for item in self._held:
                 (done if item[0].done else keep).append(item)
             keep.append((ready, parts))
-            self._held = keep
-        del done  # freed outside the lock
+            over = max(len(keep) - (self.prefetch + 2), 0)  # never this batch's own: it is the last of 2 or more
+            oldest, self._held = keep[:over], keep[over:]
+        for event, _ in oldest:
+            event.synchronize()
+        del done, oldest  # freed outside the lock, their copies done
 
     def _deliver(self, got: tuple[Any, Any]) -> Any:
         """The batch as the caller asked for it (in the caller's thread, on its streams)."""

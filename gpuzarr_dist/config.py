@@ -357,6 +357,12 @@ def window_part_threads() -> int:
     return max(1, _count_setting("gpuzarr.windows.part-threads"))
 
 
+def loader_read_size() -> int:
+    """``gpuzarr.loader.read-size`` in bytes: on the GPU, a :class:`~gpuzarr_dist.ml.ZarrLoader` reads as many
+    consecutive batches together as hold this much of one variable's windows (at least one batch)."""
+    return _size_setting("gpuzarr.loader.read-size")
+
+
 # --- clusters ---------------------------------------------------------------------------------
 
 

@@ -196,6 +196,7 @@ def test_defaults_through_the_accessors(yaml_defaults):
     ("gpuzarr.decode-threads", config.decode_threads, 3, 3),
     ("gpuzarr.io-threads", config.io_threads, 0, 1),
     ("gpuzarr.windows.part-threads", config.window_part_threads, 0, 1),
+    ("gpuzarr.loader.read-size", config.loader_read_size, "2 MiB", 2 * 2**20),
 ])
 def test_accessor_reads_what_is_set(key, accessor, value, expected):
     with dask.config.set({key: value}):

@@ -219,6 +219,72 @@ def test_prefetch_is_bounded(group):
     assert state["running"] == 0
 
 
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_batches_read_in_groups_equal_zarr_python_and_bound_the_reads_ahead(group, monkeypatch, drop_last):
+    """Batches read together (as on the GPU, here forced on the CPU path) come out one by one, in order, equal to
+    zarr-python's windows, the last group and (without drop_last) the last batch short; prefetch is rounded up
+    to whole groups, and no more groups are read ahead than that."""
+    monkeypatch.setattr(ZarrLoader, "_read_batches", lambda self: 3)
+    variables = ["u10", "t2m"]
+    window = (2, 6, 7)
+    loader = ZarrLoader(group, variables=variables, window={"time": 2, "lat": 6, "lon": 7}, stride={"lat": 2, "lon": 3},
+                        batch_size=4, seed=5, device="cpu", output="numpy", prefetch=4, drop_last=drop_last)
+    assert loader.read_batches == 3 and loader.reads_ahead == 2
+    assert len(loader) % 3 != 0  # a short last group
+    lock = threading.Lock()
+    state = {"started": 0, "done": 0, "yielded": 0, "most_ahead": 0, "sizes": []}
+    read = loader._read
+
+    def counted(groups, dev):
+        with lock:
+            state["started"] += 1
+            state["sizes"].append(len(groups))
+            # groups started beyond the one being yielded
+            state["most_ahead"] = max(state["most_ahead"], state["started"] - 1 - state["yielded"] // 3)
+        return read(groups, dev)
+
+    loader._read = counted
+    starts = loader.epoch_starts()
+    seen = 0
+    for i, batch in enumerate(loader):
+        with lock:
+            state["yielded"] += 1
+        assert batch.shape[1:] == (2, *window)
+        for j, w in enumerate(batch):
+            np.testing.assert_array_equal(w, _zarr_window(group, variables, starts[i * 4 + j], window))
+        seen += len(batch)
+        threading.Event().wait(0.002)
+    assert state["yielded"] == len(loader)
+    assert seen == (len(starts) if not drop_last else len(loader) * 4)
+    assert state["sizes"] == [3] * (len(loader) // 3) + [len(loader) % 3]
+    assert state["most_ahead"] <= loader.reads_ahead
+    with pytest.MonkeyPatch.context() as m:  # the same batches read one at a time
+        m.setattr(ZarrLoader, "_read_batches", lambda self: 1)
+        single = ZarrLoader(group, variables=variables, window={"time": 2, "lat": 6, "lon": 7},
+                            stride={"lat": 2, "lon": 3}, batch_size=4, seed=5, device="cpu", output="numpy",
+                            prefetch=4, drop_last=drop_last)
+        assert single.reads_ahead == 4
+        for a, b in zip(loader, single, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_read_batches_follow_the_read_size_on_the_gpu_only(group):
+    import dask
+
+    kw = dict(variables=["t2m"], window={"time": 2, "lat": 6, "lon": 7}, batch_size=4, output="numpy")
+    per_batch = 4 * 2 * 6 * 7 * 4
+    assert ZarrLoader(group, device="cpu", **kw).read_batches == 1
+    with dask.config.set({"gpuzarr.loader.read-size": 3 * per_batch - 1}):
+        loader = ZarrLoader(group, device="cpu", **kw)
+        loader.device = "gpu"  # the size rule alone, without a device
+        assert loader._read_batches() == 3
+    with dask.config.set({"gpuzarr.loader.read-size": 0}):
+        loader.device = "gpu"
+        assert loader._read_batches() == 1
+    loader.prefetch = 0
+    assert loader._read_batches() == 1  # read when asked: one batch
+
+
 def test_an_error_in_a_read_is_raised_where_its_batch_would_be(tmp_path):
     import os
     import shutil
@@ -437,8 +503,11 @@ def test_gpu_cupy_batches_equal_zarr_python_and_are_ready_on_the_current_stream(
 def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
     """A slow consumer kernel still reads batch k when the loader writes later batches: values stay right."""
     import cupy
+    import dask
 
-    loader = _gpu_loader(group, "cupy", prefetch=2)
+    with dask.config.set({"gpuzarr.loader.read-size": 2 * 4 * 2 * 6 * 7 * 4}):  # two batches of 4 per read
+        loader = _gpu_loader(group, "cupy", prefetch=2)
+    assert loader.read_batches == 2 and loader.reads_ahead == 1
     starts = loader.epoch_starts()
     stream = cupy.cuda.Stream(non_blocking=True)
     sums = []
@@ -453,7 +522,9 @@ def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
         stream.synchronize()
     expected = [_zarr_window(group, ["v10", "t2m"], s, (2, 6, 7)).astype(np.float64).sum() for s in starts[: len(got)]]
     np.testing.assert_allclose(got, expected, rtol=1e-10)
-    assert max(s.count for s in loader._slots.values()) <= loader.prefetch + 3  # bounded by the batches in flight
+    assert len(got) == len(loader) > 3 * loader.read_batches
+    # bounded by the batches in flight: the groups read ahead, the group being yielded, the caller's, one pending
+    assert max(s.count for s in loader._slots.values()) <= (loader.reads_ahead + 1) * loader.read_batches + 2
 
 
 @pytest.mark.gpu

@@ -317,7 +317,10 @@ def run_row(kind: str, mode: str, cfg: dict, rank: int = 0, world: int = 1) -> d
             return 0.0
     with Utilisation(tdev.index if gpu else 0) if gpu and mode == "train" else _Null() as util:
         # the warm-up also drains what the loader read ahead while it started, so each window is its steady rate
-        ahead = cfg["prefetch"] if kind == "ours" else 2 * cfg["workers"]  # DataLoader: prefetch_factor 2 per worker
+        if kind == "ours":  # the reads ahead, in whole reads, and the rest of the first read
+            ahead = (loader.reads_ahead + 1) * loader.read_batches
+        else:
+            ahead = 2 * cfg["workers"]  # DataLoader: prefetch_factor 2 per worker
         res = timed_windows(batches, work, finish, B, cfg["repeats"], cfg["seconds"], cfg["warmup"] + ahead)
     res["nvml"] = getattr(util, "mean", None)
     if kind == "ours":

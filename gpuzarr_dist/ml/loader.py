@@ -9,7 +9,8 @@ share, as ``torch.utils.data.DistributedSampler`` does. Reading goes through
 variable are one batched read and one batched decode, and a batch's variables
 are read at the same time, each on its own thread (on the GPU: its own
 stream). The next ``prefetch`` batches are read on the loader's threads while
-the caller works on the current one.
+the caller works on the current one; on the GPU, batches are read in groups
+(``gpuzarr.loader.read-size``) so that each decode call is large.
 
 See ``docs/training.md`` for the design and the ordering rules on the GPU.
 """
@@ -28,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist import config
 from gpuzarr_dist.array.windows import WindowSampler
 from gpuzarr_dist.cuda.device import resolve_device
 
@@ -71,7 +73,12 @@ class ZarrLoader:
     prefetch
         Batches read ahead of the one the caller holds (0: read when asked).
         The variables of each batch are read at the same time, each on a
-        thread of its own.
+        thread of its own. On the GPU, consecutive batches are read together
+        in groups of :attr:`read_batches` (as many as hold
+        ``gpuzarr.loader.read-size`` of one variable's windows): one read and
+        one decode call per variable and group, since an nvCOMP call costs
+        about as much for a few chunks as for hundreds. ``prefetch`` is then
+        rounded up to whole groups.
     device
         ``"auto"``, ``"gpu"`` or ``"cpu"``: where chunks are decoded and
         windows cut (on the GPU: the current CUDA device of the thread that
@@ -90,10 +97,11 @@ class ZarrLoader:
     stream for ``"torch"``, CuPy's for ``"cupy"``) when it is yielded: that
     stream waits for the batch's writes on the device, and the host does not
     wait. A yielded batch's memory is not reused while that stream may still
-    read it. Device memory is a batch per batch in flight (``prefetch``) plus
+    read it. Device memory is a batch per batch in flight (``prefetch``,
+    rounded up to whole groups, plus the rest of the group being yielded) and
     the batches the caller still holds, and (several variables) the
-    variables' windows of at most ``prefetch + 2`` batches whose copy into
-    their buffer may not have run yet on the device.
+    variables' windows of at most ``2`` more groups whose copy into their
+    batches' buffers may not have run yet on the device.
     """
 
     def __init__(self, source: Any, variables: Sequence[str] | None = None, window: Mapping[str, int] | Sequence[int] | None = None,
@@ -152,6 +160,10 @@ class ZarrLoader:
             raise ValueError(f"{self.name}: {self.num_windows} windows on the grid cannot give each of {self.world_size} "
                              "ranks one")
         self.epoch = 0
+        #: batches read together, in one read and one decode call per variable (1 on the CPU and with prefetch=0)
+        self.read_batches = self._read_batches()
+        #: groups of read_batches read ahead of the one being yielded
+        self.reads_ahead = -(-self.prefetch // self.read_batches)
         self._pool: ThreadPoolExecutor | None = None  # batches read ahead
         self._part_pool: ThreadPoolExecutor | None = None  # the variables of a batch, one call each
         self._held: list[tuple[Any, list[Any]]] = []  # (copy's event, parts) on the GPU: see _hold_until_copied
@@ -204,6 +216,12 @@ class ZarrLoader:
         """The first corners of this rank's windows for ``epoch``, in the order they are yielded."""
         return self.starts(self.epoch_indices(epoch))
 
+    def _read_batches(self) -> int:
+        if self.device != "gpu" or self.prefetch == 0:
+            return 1
+        per_batch = self.batch_size * math.prod(self.window) * max(s.spec.dtype.itemsize for s in self.samplers)
+        return max(1, -(-config.loader_read_size() // per_batch))
+
     def _batches(self) -> list[np.ndarray]:
         starts = self.epoch_starts()
         b, n = self.batch_size, len(starts)
@@ -217,19 +235,22 @@ class ZarrLoader:
         gpu_device = self._current_device() if self.device == "gpu" else None
         if self.prefetch == 0:
             for starts in batches:
-                yield self._deliver(self._read(starts, gpu_device))
+                yield self._deliver(self._read([starts], gpu_device)[0])
             return
+        g = self.read_batches
         pool = self._threads()
-        items = iter(batches)
+        items = iter([batches[i : i + g] for i in range(0, len(batches), g)])
         pending: deque[Future] = deque()
         try:
-            for starts in itertools.islice(items, self.prefetch):
-                pending.append(pool.submit(self._read, starts, gpu_device))
+            for group in itertools.islice(items, self.reads_ahead):
+                pending.append(pool.submit(self._read, group, gpu_device))
             while pending:
                 got = pending.popleft().result()
-                for starts in itertools.islice(items, 1):
-                    pending.append(pool.submit(self._read, starts, gpu_device))
-                yield self._deliver(got)
+                for group in itertools.islice(items, 1):
+                    pending.append(pool.submit(self._read, group, gpu_device))
+                got.reverse()
+                while got:  # each batch handed over as it is yielded, and not held here after
+                    yield self._deliver(got.pop())
                 del got
         finally:
             for f in pending:
@@ -239,16 +260,16 @@ class ZarrLoader:
     def _threads(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="gpuzarr-loader")
+                self._pool = ThreadPoolExecutor(self.reads_ahead, thread_name_prefix="gpuzarr-loader")
             return self._pool
 
     def _part_threads(self) -> ThreadPoolExecutor:
-        """The threads that read the variables of a batch: apart from the prefetch threads, so that a batch
-        waiting for its parts never holds a thread a part needs; one per variable of every batch in flight
-        (with ``prefetch=0``, the caller's one batch)."""
+        """The threads that read the variables of a group of batches: apart from the prefetch threads, so that
+        a group waiting for its parts never holds a thread a part needs; one per variable of every group in
+        flight (with ``prefetch=0``, the caller's one batch)."""
         with self._lock:
             if self._part_pool is None:
-                self._part_pool = ThreadPoolExecutor(max(self.prefetch, 1) * len(self.samplers),
+                self._part_pool = ThreadPoolExecutor(max(self.reads_ahead, 1) * len(self.samplers),
                                                      thread_name_prefix="gpuzarr-loader-parts")
             return self._part_pool
 
@@ -286,26 +307,45 @@ class ZarrLoader:
             use_device(gpu_device)
         return sampler.sample(starts)
 
-    def _read(self, starts: np.ndarray, gpu_device: int | None) -> tuple[Any, Any]:
-        """One batch (on a prefetch thread): ``(array, ready event or None)``, numpy or cupy."""
-        if gpu_device is None:
-            parts = self._parts(starts, None)
-            if self.variables is None:
-                return parts[0].astype(self.dtype, copy=False), None
-            return np.stack([p.astype(self.dtype, copy=False) for p in parts], axis=1), None
-        from gpuzarr_dist.cuda.device import use_device
-        from gpuzarr_dist.cuda.handoff import BatchSlots, gather_host
+    def _read(self, group: list[np.ndarray], gpu_device: int | None) -> list[tuple[Any, Any]]:
+        """A group of batches, read together (on a prefetch thread): each ``(array, ready event or None)``,
+        numpy or cupy, in order."""
+        bounds = np.cumsum([0] + [len(s) for s in group])
+        starts = np.concatenate(group) if len(group) > 1 else group[0]
+        if gpu_device is not None:
+            from gpuzarr_dist.cuda.device import use_device
 
-        use_device(gpu_device)
+            use_device(gpu_device)
         parts = self._parts(starts, gpu_device)
+        if gpu_device is None:
+            if self.variables is None:
+                whole = parts[0].astype(self.dtype, copy=False)
+            else:
+                whole = np.stack([p.astype(self.dtype, copy=False) for p in parts], axis=1)
+            return [(whole[a:b], None) for a, b in zip(bounds[:-1], bounds[1:])]
         axis = None if self.variables is None else 1
         if self.output == "numpy":
-            return gather_host(parts, axis, self.dtype), None  # copied down and waited for: parts may be freed
-        key = (gpu_device, len(starts))
+            from gpuzarr_dist.cuda.handoff import gather_host
+
+            whole = gather_host(parts, axis, self.dtype)  # copied down and waited for: parts may be freed
+            return [(whole[a:b], None) for a, b in zip(bounds[:-1], bounds[1:])]
+        out = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            out.append(self._fill([p[a:b] for p in parts], axis, gpu_device))
+        if len(parts) > 1:
+            self._hold_until_copied(out[-1][1], parts)  # the copies are in order on this thread's stream
+        return out
+
+    def _fill(self, parts: list[Any], axis: int | None, gpu_device: int) -> tuple[Any, Any]:
+        """One batch's buffer filled from ``parts`` (its windows of each variable) on this thread's stream."""
+        from gpuzarr_dist.cuda.handoff import BatchSlots
+
+        n = len(parts[0])
+        key = (gpu_device, n)
         with self._lock:
             slots = self._slots.get(key)
             if slots is None:
-                shape = (len(starts), *((len(parts),) if axis else ()), *self.window)
+                shape = (n, *((len(parts),) if axis else ()), *self.window)
                 slots = self._slots[key] = BatchSlots(shape, self.dtype, gpu_device)
         out = slots.take()
         # The parts of several variables were made on the part threads' streams, and fill() copies them on
@@ -323,8 +363,6 @@ class ZarrLoader:
 
             sync_thread_stream()  # copies queued before the failure end before the parts are freed
             raise
-        if len(parts) > 1:
-            self._hold_until_copied(ready, parts)
         return out, ready
 
     def _hold_until_copied(self, ready: Any, parts: list[Any]) -> None:
@@ -333,7 +371,7 @@ class ZarrLoader:
 
         A copy waits on the device for the readers of its slot's previous
         batch, so while the training step's stream lags behind, copies pend.
-        At most ``prefetch + 2`` batches' parts are held: beyond that, this
+        At most ``reads_ahead + 2`` groups' parts are held: beyond that, this
         thread waits for the oldest copies (what reading on one stream did: a
         thread's next read queued behind its last copy).
         """
@@ -342,7 +380,7 @@ class ZarrLoader:
             for item in self._held:
                 (done if item[0].done else keep).append(item)
             keep.append((ready, parts))
-            over = max(len(keep) - (self.prefetch + 2), 0)  # never this batch's own: it is the last of 2 or more
+            over = max(len(keep) - (self.reads_ahead + 2), 0)  # never this batch's own: it is the last of 2 or more
             oldest, self._held = keep[:over], keep[over:]
         for event, _ in oldest:
             event.synchronize()

@@ -522,7 +522,7 @@ def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
         stream.synchronize()
     expected = [_zarr_window(group, ["v10", "t2m"], s, (2, 6, 7)).astype(np.float64).sum() for s in starts[: len(got)]]
     np.testing.assert_allclose(got, expected, rtol=1e-10)
-    assert len(got) == len(loader) > 3 * loader.read_batches
+    assert len(got) == 4 * len(loader) and len(loader) > 3 * loader.read_batches
     # bounded by the batches in flight: the groups read ahead, the group being yielded, the caller's, one pending
     assert max(s.count for s in loader._slots.values()) <= (loader.reads_ahead + 1) * loader.read_batches + 2
 

@@ -181,6 +181,41 @@ def test_one_task_per_block_and_one_read(monkeypatch):
     assert len(calls) == 4
 
 
+def test_partial_sums_cross_workers_once_on_a_placed_cluster():
+    """On a cluster with block placement, the mean's first combines add only one worker's blocks: one partial
+    crosses between the two workers (a flat combine of all blocks pulled every other worker's partials)."""
+    distributed = pytest.importorskip("distributed")
+    import zarr
+
+    from gpuzarr_dist.xarray.groupby import _block_workers, _runs_of
+
+    values = _values(nan=False, shape=(96, 6, 5))
+    codes = np.arange(96) // 8 % 12
+    store = zarr.create_array({}, shape=values.shape, chunks=(1, 6, 5), dtype="f4")
+    store[...] = values
+    expected = np.stack([values[codes == g].astype(np.float64).mean(0) for g in range(12)])
+    assert _block_workers((12, 1, 1)) is None  # no client: the plain tree
+    with gz.start_cluster(2, threads_per_gpu=1, device="cpu", quiet=True, dashboard_address=None,
+                          silence_logs=40) as client:
+        owners = _block_workers((12, 1, 1))
+        assert owners.reshape(-1).tolist() == [0] * 6 + [1] * 6  # the placement plugin's runs
+        y = gz.from_zarr_gpu(store, chunks=(8, 6, 5), device="cpu")
+        m = grouped_mean(y, codes, 12, 0)
+        layer = dict(m.__dask_graph__().layers[m.name])
+        first = {k: v for k, v in layer.items() if k[0].startswith("groupby-combine") and k[1] == 0}
+        sums_of = {i: k for k in layer if k[0].startswith("groupby-sums") for i in [k[1]]}
+        runs = [[sums_of[i] for i in range(6)], [sums_of[i] for i in range(6, 12)]]
+        assert sorted(v[1] for v in first.values()) == runs  # each worker's six blocks, added where they are
+        with distributed.get_task_stream(client) as ts:
+            got = m.compute()
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+        transfers = sum(1 for t in ts.data for ss in t["startstops"] if ss["action"] == "transfer")
+        assert transfers <= 2, ts.data  # one partial crosses (slack for work stealing, as in test_placement)
+        with dask.config.set({"gpuzarr.cluster.placement": False}):
+            assert _block_workers((12, 1, 1)) is None
+    assert _runs_of(list("abcdefg"), [0, 0, 0, 1, 1, 0, 0], 2) == [["a", "b"], ["c"], ["d", "e"], ["f", "g"]]
+
+
 def test_dataset_fallbacks_and_errors():
     """A Dataset's mean; what is handed to xarray (other reductions, a missing label); bad input."""
     values = _values(shape=(3, 120, 5))

@@ -13,8 +13,7 @@ import pytest
 from conftest import make_data, reference, write_array
 
 import gpuzarr_dist as gz
-from gpuzarr_dist.array.optimize import PLACE_ANNOTATION, optimize, placement_hints
-from gpuzarr_dist.distributed.placement import thread_shares, worker_for
+from gpuzarr_dist.array.optimize import PLACE_ANNOTATION, optimize, placement_hints, thread_shares, worker_for
 
 distributed = pytest.importorskip("distributed")
 from gpuzarr_dist.distributed import cluster as cluster_mod  # noqa: E402

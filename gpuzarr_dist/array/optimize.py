@@ -28,6 +28,8 @@ is materialised: on the distributed scheduler, or in the calling process.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import sys
 from collections import defaultdict
 from typing import Any
@@ -91,6 +93,19 @@ def placement_hints(dsk: dict) -> dict:
         for i, k in enumerate(keys):
             hints[k] = (i, n)
     return hints
+
+
+def worker_for(position: int, count: int, bounds: list[float], workers: list[str]) -> str:
+    """The worker of block ``position`` of ``count``: ``bounds`` are the workers' cumulative thread shares."""
+    return workers[min(bisect.bisect_right(bounds, (position + 0.5) / count), len(workers) - 1)]
+
+
+def thread_shares(nthreads: dict[str, int]) -> tuple[list[str], list[float]]:
+    """Workers in address order and the upper bound of each one's share of the blocks (cumulative, ends at 1)."""
+    workers = sorted(nthreads)
+    total = sum(max(1, nthreads[w]) for w in workers)
+    bounds = [c / total for c in itertools.accumulate(max(1, nthreads[w]) for w in workers)]
+    return workers, bounds
 
 
 def optimize(dsk: Any, keys: Any, **kwargs: Any) -> Any:

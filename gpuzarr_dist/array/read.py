@@ -101,20 +101,26 @@ def whole_wave_block_shape(spec: ArraySpec, target_bytes: int, threads: int) -> 
     return shape
 
 
-def _cluster_threads() -> int | None:
-    """The fewest threads of a worker of the distributed client this process uses, or None without one."""
+def cluster_nthreads() -> dict[str, int]:
+    """Each worker's threads, by address, of the distributed client this process uses; empty without one
+    (dask's local schedulers, or an asynchronous client)."""
     try:
         from distributed import default_client
     except ImportError:
-        return None
+        return {}
     try:
         client = default_client()
     except ValueError:  # no client: dask's local schedulers
-        return None
+        return {}
     if client.asynchronous:
-        return None
+        return {}
     workers = client.scheduler_info(n_workers=-1).get("workers", {})
-    threads = [int(w.get("nthreads", 0)) for w in workers.values()]
+    return {addr: int(w.get("nthreads", 0)) for addr, w in workers.items()}
+
+
+def _cluster_threads() -> int | None:
+    """The fewest threads of a worker of the distributed client this process uses, or None without one."""
+    threads = list(cluster_nthreads().values())
     return min(threads) if threads and min(threads) > 0 else None
 
 

@@ -18,28 +18,13 @@ that straddle two runs do.
 
 from __future__ import annotations
 
-import bisect
-import itertools
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from gpuzarr_dist.array.optimize import PLACE_ANNOTATION
+from gpuzarr_dist.array.optimize import PLACE_ANNOTATION, thread_shares, worker_for
 
 PLUGIN_NAME = "gpuzarr-placement"
-
-
-def worker_for(position: int, count: int, bounds: list[float], workers: list[str]) -> str:
-    """The worker of block ``position`` of ``count``: ``bounds`` are the workers' cumulative thread shares."""
-    return workers[min(bisect.bisect_right(bounds, (position + 0.5) / count), len(workers) - 1)]
-
-
-def thread_shares(nthreads: dict[str, int]) -> tuple[list[str], list[float]]:
-    """Workers in address order and the upper bound of each one's share of the blocks (cumulative, ends at 1)."""
-    workers = sorted(nthreads)
-    total = sum(max(1, nthreads[w]) for w in workers)
-    bounds = [c / total for c in itertools.accumulate(max(1, nthreads[w]) for w in workers)]
-    return workers, bounds
 
 
 class BlockPlacement(SchedulerPlugin):

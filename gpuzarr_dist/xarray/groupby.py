@@ -44,6 +44,9 @@ from dask.array.utils import meta_from_array
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from gpuzarr_dist.array.optimize import thread_shares, worker_for
+from gpuzarr_dist.array.read import cluster_nthreads
+from gpuzarr_dist.config import cluster_placement
 from gpuzarr_dist.cuda.device import array_module
 
 __all__ = ["BlockGroupBy", "groupby"]
@@ -164,7 +167,10 @@ def grouped_mean(x: da.Array, codes: np.ndarray, ngroups: int, axis: int, *, ski
     A dask array with ``axis`` replaced by one of length ``ngroups`` (one
     block along it), NaN for a group with no value counted. One task per
     block of ``x``, a tree of ``split_every``-way additions per output block,
-    one division per output block.
+    one division per output block. On a cluster whose blocks are placed
+    (``gpuzarr.cluster.placement``, two or more workers), the tree's first
+    level adds only blocks placed on the same worker, so each worker's partial
+    sums (``ngroups`` times a block's size) cross to another worker once.
     """
     codes = np.asarray(codes, dtype=np.int64)
     if codes.shape != (x.shape[axis],):
@@ -176,6 +182,7 @@ def grouped_mean(x: da.Array, codes: np.ndarray, ngroups: int, axis: int, *, ski
     bounds = np.cumsum((0, *x.chunks[axis]))
     block_codes = [codes[bounds[i]:bounds[i + 1]] for i in range(len(x.chunks[axis]))]
     other_blocks = [range(len(c)) for i, c in enumerate(x.chunks) if i != axis]
+    owners = _block_workers(x.numblocks)
     dsk: dict = {}
     for rest in np.ndindex(*[len(r) for r in other_blocks]):
         def key(i: int, rest: tuple = rest) -> tuple:
@@ -187,6 +194,13 @@ def grouped_mean(x: da.Array, codes: np.ndarray, ngroups: int, axis: int, *, ski
             dsk[k] = (_block_sums, (x.name, *key(i)), block_codes[i], axis, nan)
             level.append(k)
         depth = 0
+        if owners is not None and len(level) > 1:  # first, the blocks of each worker's run, among themselves
+            nxt = []
+            for j, run in enumerate(_runs_of(level, [owners[key(i)] for i in range(len(level))], split_every)):
+                k = (comb_name, depth, *key(j))
+                dsk[k] = (_combine, run)
+                nxt.append(k)
+            level, depth = nxt, depth + 1
         while len(level) > 1:
             nxt = []
             for j in range(0, len(level), split_every):
@@ -198,6 +212,36 @@ def grouped_mean(x: da.Array, codes: np.ndarray, ngroups: int, axis: int, *, ski
     chunks = tuple((ngroups,) if i == axis else c for i, c in enumerate(x.chunks))
     graph = HighLevelGraph.from_collections(name, dsk, dependencies=[x])
     return da.Array(graph, name, chunks, meta=meta_from_array(x._meta, ndim=x.ndim, dtype=out_dtype))
+
+
+def _block_workers(numblocks: tuple[int, ...]) -> np.ndarray | None:
+    """The worker (an index) that block placement gives each block of an array of ``numblocks`` blocks on this
+    process's distributed client, or None where blocks are not placed (no client, one worker, placement off).
+
+    The same rule as :class:`~gpuzarr_dist.distributed.placement.BlockPlacement`: blocks in C order, consecutive
+    runs in proportion to the workers' threads. The read tasks are placed by it; where work stealing moves one,
+    its partial sums cross once more.
+    """
+    if not cluster_placement():
+        return None
+    nthreads = {w: n for w, n in cluster_nthreads().items() if n > 0}
+    if len(nthreads) < 2:
+        return None
+    workers, bounds = thread_shares(nthreads)
+    index = {w: i for i, w in enumerate(workers)}
+    count = int(np.prod(numblocks))
+    return np.array([index[worker_for(p, count, bounds, workers)] for p in range(count)]).reshape(numblocks)
+
+
+def _runs_of(keys: list, owners: list, split_every: int) -> list[list]:
+    """``keys`` cut where their owner changes, and each run into pieces of at most ``split_every``."""
+    out: list[list] = []
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or owners[i] != owners[start]:
+            out.extend(keys[j:min(j + split_every, i)] for j in range(start, i, split_every))
+            start = i
+    return out
 
 
 def grouped_apply(x: da.Array, other: da.Array, codes: np.ndarray, axis: int, op: Any = operator.sub,

@@ -554,6 +554,30 @@ def test_gpu_torch_batches_without_a_copy_on_torchs_stream(group):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("variables", [["t2m"], ["v10", "t2m"]])
+def test_gpu_prefetch_0_keeps_the_callers_current_stream(group, variables):
+    """Read on the caller's thread (prefetch=0), a batch leaves CuPy's current stream the caller's, and is ready
+    on it."""
+    import cupy
+
+    loader = ZarrLoader(group, variables=variables, window={"time": 2, "lat": 6, "lon": 7}, batch_size=4, seed=2,
+                        device="gpu", output="cupy", prefetch=0)
+    starts = loader.epoch_starts()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    n = 0
+    with stream:
+        for i, batch in enumerate(loader):
+            assert cupy.cuda.get_current_stream().ptr == stream.ptr
+            host = cupy.asnumpy(batch * 1, stream=stream)  # on the caller's stream, without a host wait
+            stream.synchronize()
+            for j, w in enumerate(host):
+                np.testing.assert_array_equal(w, _zarr_window(group, variables, starts[i * 4 + j], (2, 6, 7)))
+            n += 1
+    assert n == len(loader) > 0
+    loader.close()
+
+
+@pytest.mark.gpu
 def test_gpu_numpy_output_and_cpu_device_cupy_output(group):
     import cupy
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import cupy
@@ -160,6 +162,19 @@ def hand_over(out: cupy.ndarray, ready: cupy.Event, consumer: int) -> None:
 
 def _external(ptr: int) -> cupy.cuda.Stream:
     return cupy.cuda.Stream.null if ptr == 0 else cupy.cuda.ExternalStream(ptr)
+
+
+@contextmanager
+def callers_stream_kept() -> Iterator[None]:
+    """Make CuPy's current stream of this thread, as it was before the block, current again after it: a read
+    on the caller's thread makes the thread's own stream current (:func:`~gpuzarr_dist.cuda.streams.thread_stream`),
+    and the caller's work after it must stay on the stream the caller chose."""
+    prev = cupy.cuda.get_current_stream()
+    try:
+        yield
+    finally:
+        if cupy.cuda.get_current_stream() is not prev:
+            prev.use()
 
 
 def current_stream_ptr() -> int:

@@ -235,7 +235,15 @@ class ZarrLoader:
         gpu_device = self._current_device() if self.device == "gpu" else None
         if self.prefetch == 0:
             for starts in batches:
-                yield self._deliver(self._read([starts], gpu_device)[0])
+                if gpu_device is None:
+                    got = self._read([starts], None)[0]
+                else:  # read on this thread: its current stream is the caller's again before the hand-over
+                    from gpuzarr_dist.cuda.handoff import callers_stream_kept
+
+                    with callers_stream_kept():
+                        got = self._read([starts], gpu_device)[0]
+                yield self._deliver(got)
+                del got
             return
         g = self.read_batches
         pool = self._threads()

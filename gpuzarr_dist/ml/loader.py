@@ -335,8 +335,10 @@ class ZarrLoader:
         if self.output == "numpy":
             from gpuzarr_dist.cuda.handoff import gather_host
 
-            whole = gather_host(parts, axis, self.dtype)  # copied down and waited for: parts may be freed
-            return [(whole[a:b], None) for a, b in zip(bounds[:-1], bounds[1:])]
+            # each batch copied down on its own (and waited for: parts may be freed), so that a batch the caller
+            # keeps does not keep the whole read's host array alive
+            return [(gather_host([p[a:b] for p in parts], axis, self.dtype), None)
+                    for a, b in zip(bounds[:-1], bounds[1:])]
         out = []
         for a, b in zip(bounds[:-1], bounds[1:]):
             out.append(self._fill([p[a:b] for p in parts], axis, gpu_device))
@@ -388,7 +390,7 @@ class ZarrLoader:
             for item in self._held:
                 (done if item[0].done else keep).append(item)
             keep.append((ready, parts))
-            over = max(len(keep) - (self.reads_ahead + 2), 0)  # never this batch's own: it is the last of 2 or more
+            over = max(len(keep) - (self.reads_ahead + 2), 0)  # never this read's own: it is the last of 2 or more
             oldest, self._held = keep[:over], keep[over:]
         for event, _ in oldest:
             event.synchronize()

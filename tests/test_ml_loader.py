@@ -268,6 +268,24 @@ def test_batches_read_in_groups_equal_zarr_python_and_bound_the_reads_ahead(grou
             np.testing.assert_array_equal(a, b)
 
 
+def test_grouped_reads_keep_two_reads_ahead_however_small_prefetch(group, monkeypatch):
+    """Reading in groups, a prefetch under one group still reads two groups ahead (one's file reads overlap
+    the other's decode); batch by batch (the CPU), prefetch is the number of batches ahead."""
+    from gpuzarr_dist.ml.loader import MIN_READS_AHEAD
+
+    kw = dict(variables=["t2m"], window={"time": 2, "lat": 6, "lon": 7}, batch_size=4, device="cpu", output="numpy")
+    assert MIN_READS_AHEAD == 2
+    assert ZarrLoader(group, prefetch=1, **kw).reads_ahead == 1
+    monkeypatch.setattr(ZarrLoader, "_read_batches", lambda self: 3)
+    assert [ZarrLoader(group, prefetch=p, **kw).reads_ahead for p in (1, 3, 6, 7)] == [2, 2, 2, 3]
+    loader = ZarrLoader(group, prefetch=1, **kw)
+    starts = loader.epoch_starts()
+    got = np.concatenate(list(loader))
+    assert len(got) == len(loader) * 4
+    for w, s in zip(got, starts):
+        np.testing.assert_array_equal(w[0], _zarr_window(group, ["t2m"], s, (2, 6, 7))[0])
+
+
 def test_read_batches_follow_the_read_size_on_the_gpu_only(group):
     import dask
 
@@ -507,7 +525,7 @@ def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
 
     with dask.config.set({"gpuzarr.loader.read-size": 2 * 4 * 2 * 6 * 7 * 4}):  # two batches of 4 per read
         loader = _gpu_loader(group, "cupy", prefetch=2)
-    assert loader.read_batches == 2 and loader.reads_ahead == 1
+    assert loader.read_batches == 2 and loader.reads_ahead == 2  # prefetch 2 is one read: two are the least
     starts = loader.epoch_starts()
     stream = cupy.cuda.Stream(non_blocking=True)
     sums = []
@@ -522,7 +540,7 @@ def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
         stream.synchronize()
     expected = [_zarr_window(group, ["v10", "t2m"], s, (2, 6, 7)).astype(np.float64).sum() for s in starts[: len(got)]]
     np.testing.assert_allclose(got, expected, rtol=1e-10)
-    assert len(got) == 4 * len(loader) and len(loader) > 3 * loader.read_batches
+    assert len(got) == 4 * len(loader) and len(loader) > (loader.reads_ahead + 1) * loader.read_batches + 2
     # bounded by the batches in flight: the groups read ahead, the group being yielded, the caller's, one pending
     assert max(s.count for s in loader._slots.values()) <= (loader.reads_ahead + 1) * loader.read_batches + 2
 

@@ -35,6 +35,11 @@ from gpuzarr_dist.cuda.device import resolve_device
 
 OUTPUTS = ("torch", "cupy", "numpy")
 
+#: Groups read ahead at least, when batches are read in groups (on the GPU, ``prefetch`` > 0). With one, the
+#: next group's file reads and decode run one after the other while the caller takes the current group's
+#: batches; with two, one group's file reads overlap another's decode.
+MIN_READS_AHEAD = 2
+
 
 class ZarrLoader:
     """Batches of windows of a Zarr group's variables (stacked as channels) or of one Zarr array.
@@ -78,7 +83,9 @@ class ZarrLoader:
         ``gpuzarr.loader.read-size`` of one variable's windows): one read and
         one decode call per variable and group, since an nvCOMP call costs
         about as much for a few chunks as for hundreds. ``prefetch`` is then
-        rounded up to whole groups.
+        rounded up to whole groups, and at least :data:`MIN_READS_AHEAD`
+        groups are read ahead, so that one group's file reads overlap the
+        decode of the next.
     device
         ``"auto"``, ``"gpu"`` or ``"cpu"``: where chunks are decoded and
         windows cut (on the GPU: the current CUDA device of the thread that
@@ -98,7 +105,8 @@ class ZarrLoader:
     stream waits for the batch's writes on the device, and the host does not
     wait. A yielded batch's memory is not reused while that stream may still
     read it. Device memory is a batch per batch in flight (``prefetch``,
-    rounded up to whole groups, plus the rest of the group being yielded) and
+    rounded up to whole groups and at least :data:`MIN_READS_AHEAD` of them,
+    plus the rest of the group being yielded) and
     the batches the caller still holds, and (several variables) the
     variables' windows of at most ``2`` more groups whose copy into their
     batches' buffers may not have run yet on the device.
@@ -164,6 +172,8 @@ class ZarrLoader:
         self.read_batches = self._read_batches()
         #: groups of read_batches read ahead of the one being yielded
         self.reads_ahead = -(-self.prefetch // self.read_batches)
+        if self.read_batches > 1:
+            self.reads_ahead = max(self.reads_ahead, MIN_READS_AHEAD)
         self._pool: ThreadPoolExecutor | None = None  # batches read ahead
         self._part_pool: ThreadPoolExecutor | None = None  # the variables of a batch, one call each
         self._held: list[tuple[Any, list[Any]]] = []  # (copy's event, parts) on the GPU: see _hold_until_copied

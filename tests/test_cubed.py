@@ -350,25 +350,6 @@ def test_threads_executor_several_threads_and_progress(series, tmp_path):
     assert gc.progress_bar() is not None
 
 
-def test_threads_executor_gpu_threads_follow_free_memory(monkeypatch):
-    """On the GPU the default is as many threads per device as fit allowed_mem in 90% of its free memory, at most
-    GPU_THREADS; an explicit count that does not fit is refused."""
-    import types
-
-    from gpuzarr_dist.cubed.executor import GPU_THREADS
-    from gpuzarr_dist.cuda import device as cd
-
-    gib = 1 << 30
-    free = {0: 139 * gib, 1: 5 * gib}
-    monkeypatch.setattr(cd, "device_count", lambda: 2)
-    monkeypatch.setattr(cd, "device_memory_info", lambda d: (free[d], 141 * gib))
-    spec = types.SimpleNamespace(allowed_mem=gib)
-    assert gc.ThreadsExecutor(device="gpu", devices=[0])._plan_threads("gpu", spec) == (GPU_THREADS, [0])
-    assert gc.ThreadsExecutor(device="gpu")._plan_threads("gpu", spec) == (8, [0, 1])  # 4 fit GPU 1, 4 per GPU
-    with pytest.raises(ValueError, match="do not fit"):
-        gc.ThreadsExecutor(10, device="gpu")._plan_threads("gpu", spec)
-
-
 @pytest.mark.slow
 def test_distributed_executor_on_a_process_cluster(series, tmp_path):
     distributed = pytest.importorskip("distributed")
@@ -483,11 +464,9 @@ def test_cli_bench_cubed_quick(tmp_path):
 
 def test_bench_cubed_threads_per_row(monkeypatch):
     from gpuzarr_dist.bench import cubed as bc
-    from gpuzarr_dist.cubed.executor import GPU_THREADS
 
     monkeypatch.setattr(bc.os, "cpu_count", lambda: 32)
-    assert GPU_THREADS == 16
-    assert bc.row_threads(None, "gpu") == (16, 16)  # the executor's GPU default; the CPU anchor gets the cores
+    assert bc.row_threads(None, "gpu") == (8, 16)  # the executor's GPU default; the CPU anchor gets the cores
     assert bc.row_threads(None, "cpu") == (16, 16)
     assert bc.row_threads(4, "gpu") == (4, 4)
     monkeypatch.setattr(bc.os, "cpu_count", lambda: 2)

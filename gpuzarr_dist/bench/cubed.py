@@ -199,7 +199,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             import gpuzarr_dist.cubed as gc
 
             s = gc.spec(allowed, work, device=device, executor=None)
-            s.executor.max_workers = threads  # the same threads as our dask row
+            s.executor.max_workers = threads  # the same threads as our dask row (the executor's GPU default is 8)
             import cubed
             import cubed.array_api as xp
 
@@ -337,16 +337,14 @@ def row_threads(threads: int | None, device: str) -> tuple[int, int]:
     """``(threads of our two rows, threads of the Cubed-on-the-CPU row)``.
 
     ``--threads`` sets all rows. By default our rows run with the Cubed
-    executor's GPU default, :data:`~gpuzarr_dist.cubed.executor.GPU_THREADS`
-    threads, at most the CPUs (on the CPU device: the CPUs, at most 16), and plain Cubed on the CPU with the CPUs, at most
-    16: the anchor gets every core, since it has no GPU to share.
+    executor's GPU default, 8 threads (on the CPU device: the CPUs, at most
+    16), and plain Cubed on the CPU with the CPUs, at most 16: the anchor gets
+    every core, since it has no GPU to share.
     """
-    from gpuzarr_dist.cubed.executor import GPU_THREADS
-
     cpus = min(16, os.cpu_count() or 1)
     if threads:
         return threads, threads
-    return (min(GPU_THREADS, cpus) if device == "gpu" else cpus), cpus
+    return (min(8, cpus) if device == "gpu" else cpus), cpus
 
 
 def run(args: argparse.Namespace) -> int:

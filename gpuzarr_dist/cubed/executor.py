@@ -101,12 +101,6 @@ def _finish(callbacks: Sequence[Any] | None, name: str, item: Any, future: Any, 
     _task_end(callbacks, name, result, stats, created)
 
 
-#: Threads per GPU at most, by default. A task spends much of its time in file reads and writes and in waits
-#: for its stream, so more tasks than a dask worker's threads keep the GPU and the page cache busy: the
-#: anomaly of ``bench cubed`` (blocks of 156 MB) ran 1.8x faster on 16 threads than on 8.
-GPU_THREADS = 16
-
-
 class ThreadsExecutor(DagExecutor):
     """Runs cubed's tasks on a thread pool in this process; on the GPU, threads spread over the local GPUs.
 
@@ -114,8 +108,7 @@ class ThreadsExecutor(DagExecutor):
     ----------
     max_workers
         Threads. Default: on the GPU, per device as many as fit ``allowed_mem``
-        in 90% of its free memory, at most :data:`GPU_THREADS`; on the CPU, the
-        CPU count.
+        in 90% of its free memory, at most 8; on the CPU, the CPU count.
     device
         ``"auto"``, ``"gpu"`` or ``"cpu"``.
     devices
@@ -165,8 +158,8 @@ class ThreadsExecutor(DagExecutor):
             free, total = device_memory_info(d)
             if allowed and allowed > total:
                 raise ValueError(f"allowed_mem ({allowed}) is more than GPU {d}'s memory ({total})")
-            fit.append(max(1, int(0.9 * free // allowed)) if allowed else GPU_THREADS)
-        per = min(GPU_THREADS, min(fit))
+            fit.append(max(1, int(0.9 * free // allowed)) if allowed else 8)
+        per = min(8, min(fit))
         n = self.max_workers or per * len(ids)
         per_device = -(-n // len(ids))
         if allowed and any(per_device > f for f in fit):

@@ -350,6 +350,24 @@ def test_threads_executor_several_threads_and_progress(series, tmp_path):
     assert gc.progress_bar() is not None
 
 
+def test_threads_executor_gpu_threads_follow_free_memory(monkeypatch):
+    """On the GPU the default is as many threads per device as fit allowed_mem in 90% of its free memory, at most
+    8; an explicit count that does not fit is refused."""
+    import types
+
+    from gpuzarr_dist.cuda import device as cd
+
+    gib = 1 << 30
+    free = {0: 139 * gib, 1: 3 * gib}
+    monkeypatch.setattr(cd, "device_count", lambda: 2)
+    monkeypatch.setattr(cd, "device_memory_info", lambda d: (free[d], 141 * gib))
+    spec = types.SimpleNamespace(allowed_mem=gib)
+    assert gc.ThreadsExecutor(device="gpu", devices=[0])._plan_threads("gpu", spec) == (8, [0])
+    assert gc.ThreadsExecutor(device="gpu")._plan_threads("gpu", spec) == (4, [0, 1])  # 2 fit GPU 1: 2 per GPU
+    with pytest.raises(ValueError, match="do not fit"):
+        gc.ThreadsExecutor(6, device="gpu")._plan_threads("gpu", spec)
+
+
 @pytest.mark.slow
 def test_distributed_executor_on_a_process_cluster(series, tmp_path):
     distributed = pytest.importorskip("distributed")

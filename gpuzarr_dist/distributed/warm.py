@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-#: the warm-up array: 64 chunks of 64 KiB (one nVCOMP batch of many chunks), float32
+#: the warm-up array: 64 chunks of 64 KiB (one nvCOMP batch of many chunks), float32
 _SHAPE, _CHUNKS = (64, 64, 256), (1, 64, 256)
 #: device memory each thread's stream gets in the pool ahead of its first block, in GPU blocks: a task
 #: holds about this many blocks' worth while it reads and decodes zstd (see ``gpuzarr.block-size.gpu``)

@@ -518,6 +518,40 @@ def test_gpu_cupy_batches_equal_zarr_python_and_are_ready_on_the_current_stream(
 
 
 @pytest.mark.gpu
+def test_gpu_batch_outlives_the_stream_it_was_handed_to(group):
+    """A caller that drops its stream before the batch it took on it: the loader keeps the stream until the batch
+    is dropped (its release is recorded there), then lets it go; later batches, in reused memory, stay right."""
+    import gc
+    import weakref
+
+    import cupy
+
+    loader = _gpu_loader(group, "cupy", prefetch=2)
+    starts = loader.epoch_starts()
+    batches = iter(loader)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        batch = next(batches)
+    stream_ref = weakref.ref(stream)
+    del stream
+    gc.collect()
+    assert stream_ref() is not None  # held for the batch's release
+    cupy.cuda.Device().synchronize()
+    host = cupy.asnumpy(batch)
+    for j, w in enumerate(host):
+        np.testing.assert_array_equal(w, _zarr_window(group, ["v10", "t2m"], starts[j], (2, 6, 7)))
+    del batch
+    gc.collect()
+    assert stream_ref() is None  # released with the batch
+    rest = [cupy.asnumpy(b) for b in batches]  # on the null stream, which waits for the batches' writes
+    assert len(rest) == len(loader) - 1
+    for i, b in enumerate(rest, start=1):
+        for j, w in enumerate(b):
+            np.testing.assert_array_equal(w, _zarr_window(group, ["v10", "t2m"], starts[i * 4 + j], (2, 6, 7)))
+    loader.close()
+
+
+@pytest.mark.gpu
 def test_gpu_batch_memory_reused_only_after_the_consumer_is_done(group):
     """A slow consumer kernel still reads batch k when the loader writes later batches: values stay right."""
     import cupy

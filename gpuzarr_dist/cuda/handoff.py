@@ -36,12 +36,17 @@ from gpuzarr_dist.errors import GpuZarrError
 
 
 class _Lease:
-    """The owner of one handed-out slot: dropping it (with the last array viewing the slot) frees the slot."""
+    """The owner of one handed-out slot: dropping it (with the last array viewing the slot) frees the slot.
 
-    __slots__ = ("slots", "index", "consumer", "ready", "__weakref__")
+    ``stream`` is the object of the consumer's stream (a ``cupy.cuda.Stream`` or ``torch.cuda.Stream``), kept
+    so that the stream outlives the event recorded on it when the slot is freed: a caller may drop its own
+    stream before the batches it handed to it.
+    """
+
+    __slots__ = ("slots", "index", "consumer", "stream", "ready", "__weakref__")
 
     def __init__(self, slots: BatchSlots, index: int):
-        self.slots, self.index, self.consumer, self.ready = slots, index, None, None
+        self.slots, self.index, self.consumer, self.stream, self.ready = slots, index, None, None, None
 
     def __del__(self) -> None:
         slots = self.slots
@@ -150,14 +155,15 @@ class BatchSlots:
             self._buffers[index] = None
 
 
-def hand_over(out: cupy.ndarray, ready: cupy.Event, consumer: int) -> None:
+def hand_over(out: cupy.ndarray, ready: cupy.Event, consumer: int, stream: Any) -> None:
     """Make stream ``consumer`` (a raw stream pointer, 0 for the legacy default stream) wait on the device for
     ``ready``, without blocking the host, and remember it as the stream that reads ``out``: once ``out`` and
-    every array over it are dropped, its slot is freed behind the work queued on that stream by then."""
+    every array over it are dropped, its slot is freed behind the work queued on that stream by then.
+    ``stream`` is that stream's object, kept alive until then."""
     _external(consumer).wait_event(ready)
     lease = getattr(out.data.mem, "_owner", None)
     if isinstance(lease, _Lease):
-        lease.consumer = consumer
+        lease.consumer, lease.stream = consumer, stream
 
 
 def _external(ptr: int) -> cupy.cuda.Stream:
@@ -177,9 +183,10 @@ def callers_stream_kept() -> Iterator[None]:
             prev.use()
 
 
-def current_stream_ptr() -> int:
-    """The raw pointer of CuPy's current stream in this thread (0: the legacy default stream)."""
-    return int(cupy.cuda.get_current_stream().ptr)
+def current_stream() -> tuple[int, Any]:
+    """CuPy's current stream in this thread: its raw pointer (0: the legacy default stream) and its object."""
+    stream = cupy.cuda.get_current_stream()
+    return int(stream.ptr), stream
 
 
 def current_device() -> int:

@@ -419,14 +419,15 @@ class ZarrLoader:
             from gpuzarr_dist.cuda.handoff import to_device
 
             return to_device(arr)  # on CuPy's current stream of this thread
-        from gpuzarr_dist.cuda.handoff import current_stream_ptr, dlpack_capsule, hand_over
+        from gpuzarr_dist.cuda.handoff import current_stream, dlpack_capsule, hand_over
 
         if self.output == "cupy":
-            hand_over(arr, ready, current_stream_ptr())
+            hand_over(arr, ready, *current_stream())
             return arr
         import torch
 
-        hand_over(arr, ready, int(torch.cuda.current_stream(arr.device.id).cuda_stream))
+        stream = torch.cuda.current_stream(arr.device.id)
+        hand_over(arr, ready, int(stream.cuda_stream), stream)
         return torch.from_dlpack(dlpack_capsule(arr))
 
     def close(self) -> None:

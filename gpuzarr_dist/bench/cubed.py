@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import selected
 
 ROWS = {
@@ -364,12 +365,8 @@ def run(args: argparse.Namespace) -> int:
     if nbytes < 10 * allowed:
         print(f"note: the array ({format_bytes(nbytes)}) is less than 10x allowed_mem ({format_bytes(allowed)})",
               file=sys.stderr)
-    base = getattr(args, "path", None)
-    tmp = None if base else tempfile.mkdtemp(prefix="gpuzarr-bench-cubed-")
-    path = base or tmp
-    os.makedirs(path, exist_ok=True)
     progress = not quick and not getattr(args, "no_progress", False)
-    try:
+    with data_folder(getattr(args, "path", None), "gpuzarr-bench-cubed-") as path:
         ready = data_ready(path, shape, chunks)
         check_disk(path, nbytes, ready)
         print(f"{'using the' if ready else 'writing'} float32 {shape}, chunks {chunks}, zstd ({format_bytes(nbytes)})"
@@ -379,9 +376,6 @@ def run(args: argparse.Namespace) -> int:
         for kind in selected_rows(getattr(args, "rows", None)):
             print(f"running {ROWS[kind]} ...", file=sys.stderr, flush=True)
             rows.append(_spawn(kind, path, allowed, device, cpu_threads if kind == "cubed-cpu" else threads, progress))
-    finally:
-        if tmp:
-            shutil.rmtree(tmp, ignore_errors=True)
     from gpuzarr_dist.config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api
 
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,

@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     cub.add_argument("--threads", metavar="N", type=_positive_int, help="threads of every row (default: our rows 8 on "
                      "the GPU, Cubed on the CPU min(16, CPUs))")
     cub.add_argument("--no-progress", action="store_true", help="no progress bars")
+    cub.add_argument("--repeats", metavar="N", type=_positive_int, help="timed runs of each row's mean and anomaly "
+                     "after a warm-up (default 3, 1 with --quick; plain Cubed on the CPU 1)")
     cub.add_argument("--rows", metavar="ROWS", help="comma-separated rows to run (default: all): ours-cubed, "
                      "ours-dask, cubed-cpu")
     tr = bench_sub.add_parser("train", help="a U-Net fed by ZarrLoader vs torch DataLoader over zarr-python and "

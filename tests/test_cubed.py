@@ -480,6 +480,31 @@ def test_cli_bench_cubed_quick(tmp_path):
     assert all(0 < r["mean_cores"] <= cores and 0 < r["anomaly_cores"] <= cores for r in kinds.values())
 
 
+def test_cli_bench_cubed_repeats(tmp_path, capsys):
+    """--repeats N: every row times its mean and its anomaly N times (best and median); each written anomaly
+    is checked against numpy."""
+    from gpuzarr_dist.bench.cubed import row_repeats
+    from gpuzarr_dist.cli import main
+
+    assert [row_repeats(k, None, False) for k in ("ours-cubed", "ours-dask", "cubed-cpu")] == [3, 3, 1]
+    assert row_repeats("ours-dask", None, True) == 1 and row_repeats("cubed-cpu", 2, False) == 2
+    code = main(["bench", "cubed", "--quick", "--device", "cpu", "--threads", "2", "--repeats", "2",
+                 "--rows", "ours-cubed,ours-dask", "--out", str(tmp_path)])
+    assert code == 0
+    import json
+
+    res = json.load(open(tmp_path / "bench-cubed.json"))
+    for r in res["rows"]:
+        assert "error" not in r, r
+        for key in ("mean", "anomaly"):
+            times = r[f"{key}_times"]
+            assert len(times) == 2 and r[f"{key}_s"] == min(times)
+            assert r[f"{key}_median_s"] == pytest.approx(sum(times) / 2)
+        assert r["err_mean"] < 1e-3 and r["err_anomaly"] < 1e-3
+    out = capsys.readouterr().out
+    assert out.count("median of 2 runs") == 2 and "(medians: " in out
+
+
 def test_bench_cubed_threads_per_row(monkeypatch):
     from gpuzarr_dist.bench import cubed as bc
 

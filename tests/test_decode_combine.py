@@ -93,6 +93,21 @@ def test_many_threads_each_get_their_own_result():
     assert not c._busy and not c._queue
 
 
+def test_counts_add_up_the_combiners_of_one_kind():
+    from gpuzarr_dist.cuda.combine import combiner, counts
+
+    kind = f"counted-{random.random()}"  # combiners are per process: keys of their own
+    before = counts(kind)
+    assert before == (0, 0)
+    batches: list = []
+    for gpu, n in ((0, 3), (1, 2)):
+        for i in range(n):
+            combiner((kind, gpu, "zstd")).run(Request(i), _doubling(batches))
+    combiner(("other", 0)).run(Request(0), _doubling(batches))
+    assert counts(kind) == (5, 5)  # one thread: every call alone, and only this kind's combiners
+    assert counts("other")[0] >= 1
+
+
 def test_a_call_that_raises_reaches_every_request_and_the_queue_goes_on():
     c = Combiner()
 

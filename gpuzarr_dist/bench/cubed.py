@@ -7,8 +7,10 @@ Each child computes the mean once untimed (the process's one-time costs:
 CUDA context, compiled kernels, pools), then times ``mean(x, axis=0)``
 (computed into memory) and ``x - mean(x, axis=0)`` (written to a Zarr store,
 so the anomaly never has to fit in memory: by :func:`gpuzarr_dist.cubed.to_zarr` for
-our variant, also once by ``cubed.to_zarr`` for comparison), checks the mean against a
-float64 numpy mean and three time steps of the anomaly against numpy, and
+our variant, also once by ``cubed.to_zarr`` and once with cubed's own fusion for
+comparison), each ``--repeats`` times (best and median; plain Cubed on the CPU
+once by default), checks the mean against a float64 numpy mean and
+:data:`CHECKED_STEPS` time steps of every written anomaly against numpy, and
 prints one JSON line.
 """
 
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -190,7 +193,37 @@ def _warm_up(fn: Any) -> float:
     return time.perf_counter() - t
 
 
-def child(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
+def _encode_joins(before: tuple[int, int] | None = None) -> tuple[int, int]:
+    """This process's joined nvCOMP encode ``(calls, requests)`` (since ``before``): the anomaly's write batches
+    and how many of them each call took."""
+    from gpuzarr_dist.cuda.combine import counts
+
+    calls, requests = counts("encode")
+    return (calls - before[0], requests - before[1]) if before else (calls, requests)
+
+
+def _repeat(res: dict, key: str, fn: Any, repeats: int, after: Any = None) -> Any:
+    """Time ``fn()`` ``repeats`` times (each from a :class:`_Clock`); ``after(value)`` runs untimed after each.
+
+    ``res[key + "_s"]`` and ``res[key + "_cores"]`` are the best run's, ``res[key + "_median_s"]`` the median
+    and ``res[key + "_times"]`` every run's seconds. Returns the best run's value."""
+    runs = []
+    for _ in range(max(1, repeats)):
+        one: dict = {}
+        clock = _Clock()
+        value = fn()
+        clock.stop(one, key)
+        if after is not None:
+            after(value)
+        runs.append((one[f"{key}_s"], one[f"{key}_cores"], value))
+    best = min(runs, key=lambda r: r[0])
+    times = [r[0] for r in runs]
+    res.update({f"{key}_s": best[0], f"{key}_cores": best[1], f"{key}_median_s": statistics.median(times),
+                f"{key}_times": times})
+    return best[2]
+
+
+def child(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool, repeats: int = 1) -> dict:
     src = os.path.join(path, "x.zarr")
     work = tempfile.mkdtemp(prefix=f"bench-cubed-{kind}-", dir=path)
     out_path = os.path.join(work, "anomaly.zarr")
@@ -216,17 +249,17 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             # SourceArray: the source is a plan input; anything else: this cubed got the map_blocks read op
             res["source"] = f"{type(getattr(x, '_zarray', None)).__name__}, cubed {cubed.__version__}"
             res["warmup_s"] = _warm_up(lambda: xp.mean(x, axis=0).compute())
-            clock = _Clock()
-            m = xp.mean(x, axis=0).compute(callbacks=cbs)
-            clock.stop(res, "mean")
-            ops = gc.OpTimings()  # per-operation tasks, seconds, bytes: where the anomaly's time goes
-            clock = _Clock()
-            # chunks that batch-encode, and gc.optimize_dag (gc.to_zarr's default: the mean computed once)
-            z = gc.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs + [ops])
-            clock.stop(res, "anomaly")
-            res["anomaly_ops"] = ops.rows()
-            res["out_chunks"] = list(z.chunks)
-            _check_and_drop(path, out_path, m, res)
+            m = _repeat(res, "mean", lambda: xp.mean(x, axis=0).compute(callbacks=cbs), repeats)
+
+            def anomaly() -> tuple:
+                ops = gc.OpTimings()  # per-operation tasks, seconds, bytes: where the anomaly's time goes
+                joins = _encode_joins()
+                # chunks that batch-encode, and gc.optimize_dag (gc.to_zarr's default: the mean computed once)
+                z = gc.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs + [ops])
+                return ops.rows(), _encode_joins(joins), list(z.chunks)
+
+            best = _repeat(res, "anomaly", anomaly, repeats, after=lambda _: _check_and_drop(path, out_path, m, res))
+            res["anomaly_ops"], res["anomaly_encode_joins"], res["out_chunks"] = best
             # the same with cubed's own fusion, which fuses the mean's reduction into every subtract task
             from cubed.core.optimization import multiple_inputs_optimize_dag
 
@@ -262,16 +295,17 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
             x = gz.from_zarr_gpu(src, device=device)
             with dask.config.set(scheduler="threads", num_workers=threads):
                 res["warmup_s"] = _warm_up(lambda: x.mean(axis=0).compute())
-                clock = _Clock()
-                m = x.mean(axis=0).compute()
-                clock.stop(res, "mean")
-                clock = _Clock()
-                y = x - x.mean(axis=0)
-                res["anomaly_tasks"] = len(y.__dask_graph__())
+                m = _repeat(res, "mean", lambda: x.mean(axis=0).compute(), repeats)
+
+                def anomaly() -> tuple:
+                    y = x - x.mean(axis=0)
+                    joins = _encode_joins()
+                    gz.to_zarr_gpu(y, out_path)  # our dask path's writer (GPU encode of cupy blocks)
+                    return len(y.__dask_graph__()), _encode_joins(joins)
+
+                best = _repeat(res, "anomaly", anomaly, repeats, after=lambda _: _check_and_drop(path, out_path, m, res))
+                res["anomaly_tasks"], res["anomaly_encode_joins"] = best
                 res["blocks"] = [list(c[:2]) for c in x.chunks]
-                gz.to_zarr_gpu(y, out_path)  # our dask path's writer (GPU encode of cupy blocks)
-                clock.stop(res, "anomaly")
-            _check_and_drop(path, out_path, m, res)
         elif kind == "cubed-cpu":
             import cubed
             import cubed.array_api as xp
@@ -285,13 +319,9 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 
                 cbs = [gc.progress_bar()]
             res["warmup_s"] = _warm_up(lambda: xp.mean(x, axis=0).compute())
-            clock = _Clock()
-            m = xp.mean(x, axis=0).compute(callbacks=cbs)
-            clock.stop(res, "mean")
-            clock = _Clock()
-            cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs)
-            clock.stop(res, "anomaly")
-            _check_and_drop(path, out_path, m, res)
+            m = _repeat(res, "mean", lambda: xp.mean(x, axis=0).compute(callbacks=cbs), repeats)
+            _repeat(res, "anomaly", lambda: cubed.to_zarr(x - xp.mean(x, axis=0), out_path, callbacks=cbs), repeats,
+                    after=lambda _: _check_and_drop(path, out_path, m, res))
         else:
             raise ValueError(f"unknown row {kind!r}")
     finally:
@@ -302,7 +332,7 @@ def child(kind: str, path: str, allowed: int, device: str, threads: int, progres
 # -- parent -----------------------------------------------------------------------------------
 
 
-def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool) -> dict:
+def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progress: bool, repeats: int = 1) -> dict:
     # the previous row's (or the data's) dirty pages go to disk now, not while this row is timed; rows that
     # follow a large write stay noisy all the same
     os.sync()
@@ -310,7 +340,7 @@ def _spawn(kind: str, path: str, allowed: int, device: str, threads: int, progre
     env.pop("CUBED_BACKEND_ARRAY_API_MODULE", None)
     row_device = "cpu" if kind == "cubed-cpu" else device
     cmd = [sys.executable, "-m", "gpuzarr_dist.bench.cubed", "--child", kind, "--path", path,
-           "--allowed-mem", str(allowed), "--device", row_device, "--threads", str(threads)]
+           "--allowed-mem", str(allowed), "--device", row_device, "--threads", str(threads), "--repeats", str(repeats)]
     if progress:
         cmd.append("--progress")
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None if progress else subprocess.PIPE, text=True, env=env)
@@ -348,6 +378,14 @@ def row_threads(threads: int | None, device: str) -> tuple[int, int]:
     return (min(8, cpus) if device == "gpu" else cpus), cpus
 
 
+def row_repeats(kind: str, repeats: int | None, quick: bool) -> int:
+    """Timed runs of the mean and of the anomaly in row ``kind``: ``--repeats``, else 3 (1 with ``--quick``);
+    plain Cubed on the CPU once unless ``--repeats`` says otherwise (its anomaly alone takes minutes)."""
+    if repeats:
+        return repeats
+    return 1 if quick or kind == "cubed-cpu" else 3
+
+
 def run(args: argparse.Namespace) -> int:
     from dask.utils import format_bytes, parse_bytes
 
@@ -375,7 +413,8 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for kind in selected_rows(getattr(args, "rows", None)):
             print(f"running {ROWS[kind]} ...", file=sys.stderr, flush=True)
-            rows.append(_spawn(kind, path, allowed, device, cpu_threads if kind == "cubed-cpu" else threads, progress))
+            rows.append(_spawn(kind, path, allowed, device, cpu_threads if kind == "cubed-cpu" else threads, progress,
+                               row_repeats(kind, getattr(args, "repeats", None), quick)))
     from gpuzarr_dist.config import gpu_decode_combine, gpu_read_slots, gpu_sync_wait, nvcomp_api
 
     result = {"device": device, "shape": shape, "chunks": chunks, "nbytes": nbytes, "allowed_mem": allowed,
@@ -407,7 +446,7 @@ def format_result(res: dict) -> str:
                 if res.get("device") == "gpu" and "decode_combine" in res else "")
              + (f", nvcomp-api {res['nvcomp_api']}" if res.get("device") == "gpu" and "nvcomp_api" in res else ""),
              f"{'row':<62} {'threads':>7} {'mean GB/s':>10} {'anomaly GB/s':>13} {'max err':>9}"]
-    rate = {}
+    rate, medians = {}, {}
     for r in res["rows"]:
         label = ROWS.get(r["kind"], r["kind"])
         if "error" in r:
@@ -417,6 +456,10 @@ def format_result(res: dict) -> str:
         rate[r["kind"]] = (gm, ga)
         err = max(r["err_mean"], r["err_anomaly"])
         lines.append(f"{label:<62} {r.get('threads', res.get('threads', '')):>7} {gm:>10.3f} {ga:>13.3f} {err:>9.2e}")
+        if len(r.get("anomaly_times") or ()) > 1:
+            medians[r["kind"]] = (n / r["mean_median_s"] / 1e9, n / r["anomaly_median_s"] / 1e9)
+            lines.append(f"{'  median of ' + str(len(r['anomaly_times'])) + ' runs':<62} {'':>7} "
+                         f"{medians[r['kind']][0]:>10.3f} {medians[r['kind']][1]:>13.3f}")
         if r.get("anomaly_cubed_fusion_s"):
             go = n / r["anomaly_cubed_fusion_s"] / 1e9
             rate["ours-cubed-fusion"] = (gm, go)
@@ -429,6 +472,10 @@ def format_result(res: dict) -> str:
             if r.get("mean_cores") is not None and r.get("anomaly_cores") is not None]
     if busy:  # a thread spinning in a wait for the GPU counts as busy (see gpuzarr.gpu.sync-wait)
         lines.append("cores kept busy (process CPU seconds / wall), mean / anomaly: " + ", ".join(busy))
+    joins = [f"{r['kind']} {c} calls for {q} writes ({q / c:.1f} a call)" for r in res["rows"]
+             for c, q in [r.get("anomaly_encode_joins") or (0, 0)] if c]
+    if joins:  # nvCOMP encodes one call at a time per GPU; writes that wait meanwhile share the next call
+        lines.append("anomaly's joined nvCOMP encodes: " + ", ".join(joins))
     warm = [f"{r['kind']} {r['warmup_s']:.2f}" for r in res["rows"] if r.get("warmup_s") is not None]
     if warm:
         lines.append("first mean of each process, untimed above (CUDA context, kernels, pools), seconds: "
@@ -438,8 +485,11 @@ def format_result(res: dict) -> str:
         for other, target in (("ours-dask", 0.5), ("cubed-cpu", 3.0)):
             if ours and other in rate:
                 rm, ra = ours[0] / rate[other][0], ours[1] / rate[other][1]
-                lines.append(f"{what} / {ROWS[other].split(' (')[0]}: mean {rm:.2f}x, anomaly {ra:.2f}x "
-                             f"(target >= {target}x)")
+                line = f"{what} / {ROWS[other].split(' (')[0]}: mean {rm:.2f}x, anomaly {ra:.2f}x"
+                if mine in medians and other in medians:
+                    line += (f" (medians: {medians[mine][0] / medians[other][0]:.2f}x, "
+                             f"{medians[mine][1] / medians[other][1]:.2f}x)")
+                lines.append(line + f" (target >= {target}x)")
     oc = next((r for r in res["rows"] if r["kind"] == "ours-cubed" and "error" not in r), None)
     if oc and oc.get("peak_task_bytes") is not None:
         p = oc["peak_task_bytes"]
@@ -484,8 +534,9 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("gpu", "cpu"), required=True)
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--progress", action="store_true")
+    p.add_argument("--repeats", type=int, default=1)
     a = p.parse_args(argv)
-    res = child(a.child, a.path, a.allowed_mem, a.device, a.threads, a.progress)
+    res = child(a.child, a.path, a.allowed_mem, a.device, a.threads, a.progress, a.repeats)
     print(json.dumps(res), flush=True)
     return 0
 

@@ -111,4 +111,13 @@ def combiner(key: Any) -> Combiner:
     return c
 
 
-__all__ = ["Combiner", "Request", "combiner"]
+def counts(kind: str) -> tuple[int, int]:
+    """``(calls, requests)`` executed so far by this process's combiners whose key starts with ``kind``
+    (``"encode"``: the joined nvCOMP encodes of every GPU and algorithm); requests per call is how much
+    joining happened."""
+    with _combiners_lock:
+        picked = [c for k, c in _combiners.items() if isinstance(k, tuple) and k and k[0] == kind]
+    return sum(c.calls for c in picked), sum(c.requests for c in picked)
+
+
+__all__ = ["Combiner", "Request", "combiner", "counts"]

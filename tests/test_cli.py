@@ -300,3 +300,6 @@ def test_bench_scale_quick(tmp_path, capsys):
     assert len(first) == 2 and all(r["extra"]["first_tasks"]["compute"] > 0 for r in first)
     assert result["meta"]["large"]["error"] < 1e-5  # every store on one worker, against the reference mean
     assert "of the aggregate ceiling" not in out and "of the ceiling" in out
+    reads = two["reads"]  # the read stages of one more run: each worker read its own store's files
+    assert len(reads) == 2 and all(r["blocks"] > 0 and 0 < r["read_s"] and r["stored_gbps"] > 0 for r in reads.values())
+    assert "GB/s stored while reading" in out and "file reads: 2 workers read" in out

@@ -23,6 +23,7 @@ from gpuzarr_dist.core.metadata import ArraySpec
 from gpuzarr_dist.core.selection import Plan, finish, plan_selection, split_fancy
 from gpuzarr_dist.cuda.device import block_memory
 from gpuzarr_dist.errors import GpuOutOfMemoryError, UnsupportedDtypeError
+from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.runtime.threads import decode_pool
 from gpuzarr_dist.stores.base import ChunkStore
 
@@ -126,7 +127,9 @@ class BlockReader:
         if not plan.n_parts:
             return out
         keys = spec.chunk_keys(plan.coords())
+        timed = stage_timer()
         raw = self.store.read_many(keys)
+        timed("chunk reads")
         present = [i for i, b in enumerate(raw) if b is not None]
         for i, b in enumerate(raw):
             if b is None:

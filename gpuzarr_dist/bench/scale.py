@@ -77,7 +77,35 @@ def _ceiling_in_worker(files_by_worker: dict, threads: int, device: str, dask_wo
     return read_ceiling(files, threads, device) if files else (0.0, 0)
 
 
+def _stages(on: bool, dask_worker: Any = None) -> dict[str, tuple[float, int]]:
+    """In a worker: the read stages recorded since the last call (:mod:`gpuzarr_dist.runtime.stages`), then
+    recording on or off and cleared."""
+    from gpuzarr_dist.runtime import stages
+
+    got = stages.snapshot()
+    stages.reset()
+    stages.enable(on)
+    return got
+
+
 # -- helpers ---------------------------------------------------------------------------------
+
+
+#: the stages (:mod:`gpuzarr_dist.runtime.stages`) in which a block reads its chunk files: local files on the GPU
+#: device (through kvikio or the I/O threads), any store on the CPU device
+READ_STAGES = ("files: reads (kvikio)", "files: reads", "chunk reads")
+
+
+def read_stats(snapshot: dict[str, tuple[float, int]], wall: float, stored: int) -> dict[str, float]:
+    """One worker's file reads in one computation of ``wall`` seconds, from its stage times: the seconds its
+    blocks spent reading files (``files: reads``, summed over blocks: with one read turn per process,
+    blocks read one after another), that as a share of ``wall``, the blocks, and the rate of ``stored``
+    bytes while reading. A share near 1 means the worker waits for its reads: what bounds it is the host's
+    read path, and the rate says how fast the host gave it bytes."""
+    picked = [v for k, v in snapshot.items() if k in READ_STAGES]
+    seconds, blocks = sum(v[0] for v in picked), sum(v[1] for v in picked)
+    return {"read_s": seconds, "share": seconds / wall if wall > 0 else 0.0, "blocks": blocks,
+            "stored_gbps": stored / seconds / 1e9 if seconds > 0 else 0.0}
 
 
 def _gpu_count() -> int:
@@ -243,17 +271,35 @@ class _Bench:
                     x.mean(axis=0).compute()
         best, med = _summary(times)
         st = stats[times.index(sorted(times)[len(times) // 2])]
+        reads = self.read_stages(client, x, n, gb) if placement else None
         unit = "GPU" if self.device == "gpu" else "worker"
         name = f"{gb:g} GB/GPU time mean: {n} {unit}(s)" + ("" if placement or n == 1 else ", dask placement")
         note = (f"median {med:.3f} s; {st['transfers']} transfers; busy {_fmt_busy(st['busy'])}; "
                 f"{x.npartitions} blocks")
+        if reads:
+            note += ("; file reads " + " / ".join(f"{r['share']:.0%} of the span" for r in reads.values())
+                     + ", " + " / ".join(f"{r['stored_gbps']:.1f}" for r in reads.values()) + " GB/s stored while reading")
         self.rows.append(Row(name, "warm", best, n * steps * STEP_BYTES, note=note,
                              extra={"median_s": med, "times": times, "gb_per_gpu": gb, "workers": n,
                                     "placement": placement, "transfers": st["transfers"], "busy": st["busy"],
-                                    "report": report}))
+                                    "report": report, "reads": reads}))
         key = "mean" if placement else "mean_dask_placement"
         self.results.setdefault((gb, n), {})[key] = n * steps * STEP_BYTES / best
+        if reads:
+            self.results[(gb, n)]["reads"] = reads
         self.results[(gb, n)][key + "_median"] = n * steps * STEP_BYTES / med
+
+    def read_stages(self, client: Any, x: Any, n: int, gb: float) -> dict[str, dict[str, float]]:
+        """One more, untimed, computation of ``x.mean`` with the read stages timed in the workers: each
+        worker's :func:`read_stats` (keyed by address, in address order; worker i reads store i)."""
+        steps = self.steps(gb)
+        client.run(_stages, True)
+        t0 = time.perf_counter()
+        x.mean(axis=0).compute()
+        wall = time.perf_counter() - t0
+        snaps = client.run(_stages, False)
+        stored = [sum(os.path.getsize(p) for p in f[:steps]) for f in self.files[:n]]
+        return {w: read_stats(snaps[w], wall, stored[i] if i < len(stored) else 0) for i, w in enumerate(sorted(snaps))}
 
     def first_compute(self, n: int, gb: float, warm: bool) -> None:
         steps = self.steps(gb)
@@ -353,6 +399,15 @@ class _Bench:
                         ok = res["mean"] >= 1.9 * base and res["mean"] >= 0.85 * res["ceiling"]
                         line += f"; target >= 1.9x and >= 85%: {'met' if ok else 'NOT met'}"
                 out.append(line)
+                alone = self.results.get((gb, 1), {}).get("reads")
+                if n > 1 and alone and res.get("reads"):
+                    one = next(iter(alone.values()))["stored_gbps"]
+                    each = [r["stored_gbps"] for r in res["reads"].values()]
+                    if one > 0:
+                        out.append(f"  file reads: {n} workers read {sum(each):.1f} GB/s stored together while reading "
+                                   f"({' / '.join(f'{e:.1f}' for e in each)}), one alone {one:.1f}: the host gives "
+                                   f"{n} readers {sum(each) / one:.2f}x one; reads fill "
+                                   + " / ".join(f"{r['share']:.0%}" for r in res["reads"].values()) + " of the span")
             res = self.results.get((gb, top), {})
             for kind in ("warm", "cold"):
                 if f"first_ratio_{kind}" in res:

@@ -1,7 +1,8 @@
 """Opt-in timing of the stages of a read (index reads, range reads, H2D + decode, placement, window cuts).
 
-``gpuzarr-dist bench shards`` (its stage table) turns it on to show where the
-time of a block or a window call goes. Off by default:
+``gpuzarr-dist bench shards`` (its stage table) and ``bench scale`` (each
+worker's file reads) turn it on to show where the time of a block or a window
+call goes. Off by default:
 then :func:`stage_timer` hands back a no-op, so the read paths pay one
 function call per stage. Times are wall-clock seconds per thread, summed over
 threads (with 16 threads reading at once, a stage can sum to more than the run

@@ -214,9 +214,13 @@ class _Bench:
         steps = self.steps(gb)
         return da.concatenate([from_zarr_gpu(s.path, device=self.device)[:steps] for s in self.stores[:n]], axis=0)
 
-    def stored(self, n: int, gb: float) -> int:
+    def stored_each(self, n: int, gb: float) -> list[int]:
+        """Stored bytes that each of the first ``n`` stores holds in its first ``gb`` per GPU."""
         steps = self.steps(gb)
-        return sum(os.path.getsize(p) for f in self.files[:n] for p in f[:steps])
+        return [sum(os.path.getsize(p) for p in f[:steps]) for f in self.files[:n]]
+
+    def stored(self, n: int, gb: float) -> int:
+        return sum(self.stored_each(n, gb))
 
     def cluster(self, n: int, **config: Any) -> Any:
         import dask
@@ -292,13 +296,12 @@ class _Bench:
     def read_stages(self, client: Any, x: Any, n: int, gb: float) -> dict[str, dict[str, float]]:
         """One more, untimed, computation of ``x.mean`` with the read stages timed in the workers: each
         worker's :func:`read_stats` (keyed by address, in address order; worker i reads store i)."""
-        steps = self.steps(gb)
         client.run(_stages, True)
         t0 = time.perf_counter()
         x.mean(axis=0).compute()
         wall = time.perf_counter() - t0
         snaps = client.run(_stages, False)
-        stored = [sum(os.path.getsize(p) for p in f[:steps]) for f in self.files[:n]]
+        stored = self.stored_each(n, gb)
         return {w: read_stats(snaps[w], wall, stored[i] if i < len(stored) else 0) for i, w in enumerate(sorted(snaps))}
 
     def first_compute(self, n: int, gb: float, warm: bool) -> None:

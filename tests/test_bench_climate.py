@@ -66,6 +66,24 @@ def test_bench_climate_quick(tmp_path, capsys):
     for n in (1, 2):  # the warm-up runs, over the CPU row's steps
         _check(str(tmp_path / "data" / f"anomaly-{n}-check.zarr"), ref_subset)
     _check(str(tmp_path / "data" / "anomaly-2.zarr"), _reference(store))  # the last full-size output is kept
+    # one more, staged run per row: the workers together read every stored chunk of the input once per phase and
+    # wrote every chunk of the output once (the files on disk; the staged run's output is byte-identical)
+    read, written = _stored(os.path.join(store, "t2m")), _stored(str(tmp_path / "data" / "anomaly-2.zarr" / OUT_NAME))
+    for row in res["rows"][1:]:
+        phases = row["extra"]["stages"]
+        assert set(phases) == {"climatology", "anomaly"}
+        for phase, got in phases.items():
+            assert len(got["workers"]) == int(row["name"].split(", ")[1][0]) and got["seconds"] > 0
+            total = {k: sum(w[k]["bytes"] for w in got["workers"].values()) for k in ("file reads", "object writes")}
+            assert total == {"file reads": read, "object writes": written if phase == "anomaly" else 0}, phase
+    assert not (tmp_path / "data" / "anomaly-2-staged.zarr").exists()
+    assert "gpuzarr-dist, 2 CPU workers against gpuzarr-dist, 1 CPU worker, anomaly, per worker: file reads" in out
+
+
+def _stored(array_folder: str) -> int:
+    """Bytes of an array's chunk files (everything under its folder but its metadata)."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(array_folder) for f in files
+               if f != "zarr.json")
 
 
 def test_compare_outputs_sees_a_difference(tmp_path):

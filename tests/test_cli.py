@@ -303,3 +303,43 @@ def test_bench_scale_quick(tmp_path, capsys):
     reads = two["reads"]  # the read stages of one more run: each worker read its own store's files
     assert len(reads) == 2 and all(r["blocks"] > 0 and 0 < r["read_s"] and r["stored_gbps"] > 0 for r in reads.values())
     assert "GB/s stored while reading" in out and "file reads: 2 workers read" in out
+    assert "2 workers can reach at most" in out
+
+
+def test_read_bound_of_a_shared_host():
+    """``n / (n r / s + 1 - r)``: n times one where nothing is read or the host gives n readers n times one;
+    the host's sharing factor where reading is all there is; the 2-GPU figures of docs/design.md."""
+    from gpuzarr_dist.bench.scale import read_bound
+
+    assert read_bound(4, 0.0, 1.0) == 4 and read_bound(4, 0.7, 4.0) == pytest.approx(4)
+    assert read_bound(4, 1.0, 2.6) == pytest.approx(2.6)
+    assert read_bound(2, 0.79, 1.32) == pytest.approx(1.42, abs=0.005)
+    assert read_bound(2, 0.5, 1.36) == pytest.approx(1.62, abs=0.005)
+    assert read_bound(2, 0.5, 0.0) == 0.0
+
+
+def test_stages_book_seconds_calls_and_bytes():
+    """A stage's bytes add up over calls and threads; ``take`` hands them over and clears; off, nothing is kept."""
+    import threading
+
+    from gpuzarr_dist.runtime import stages
+
+    stages.take(True)
+    try:
+        def work() -> None:
+            mark = stages.stage_timer()
+            mark("write: object writes", 1000)
+            mark("write: encode")
+            mark("write: object writes", 24)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = stages.take(False)
+    finally:
+        stages.enable(False)
+    assert got["write: object writes"][1:] == (8, 4 * 1024) and got["write: encode"][1:] == (4, 0)
+    assert all(sec >= 0 for sec, _, _ in got.values())
+    assert stages.take(False) == {} and stages.stage_timer()("x", 5) is None and stages.snapshot() == {}

@@ -129,7 +129,7 @@ class BlockReader:
         keys = spec.chunk_keys(plan.coords())
         timed = stage_timer()
         raw = self.store.read_many(keys)
-        timed("chunk reads")
+        timed("chunk reads", sum(memoryview(b).nbytes for b in raw if b is not None))
         present = [i for i, b in enumerate(raw) if b is not None]
         for i, b in enumerate(raw):
             if b is None:

@@ -45,6 +45,7 @@ from gpuzarr_dist.codecs.pipeline import CodecPipeline
 from gpuzarr_dist.core.layout import block_shape, even_runs, plan_layout
 from gpuzarr_dist.core.metadata import ArraySpec, spec_from_zarr_metadata
 from gpuzarr_dist.core.redact import scrub_error
+from gpuzarr_dist.runtime.stages import stage_timer
 from gpuzarr_dist.stores.target import Target, codec_objects, create_metadata, open_target
 from gpuzarr_dist.stores.writer import LocalObjectWriter, ObjectWriter, remove_stale_temporaries, settle
 
@@ -163,8 +164,14 @@ class BlockWriter:
         return self.run_batches(encoder, self.sub_batches(first, grid, coords))
 
     def run_batches(self, encoder: BlockEncoder, batches: list[SubBatch]) -> int:
-        """Encode and write ``batches`` in order, launching each encode before the previous batch's writes."""
+        """Encode and write ``batches`` in order, launching each encode before the previous batch's writes.
+
+        With :mod:`~gpuzarr_dist.runtime.stages` on, books ``write: encode`` (launching the encodes and waiting
+        for them: on the GPU, the encode and the copy of the compressed bytes to the host) and ``write: object
+        writes`` (the stored bytes written).
+        """
         total = 0
+        timed = stage_timer()
         # the objects' folders are made (on a few background threads) while the block is encoded; all of that
         # ends before this task does (settle), so no folder is made after the task returns or fails
         folders = self.writer.prepare([k for b in batches for k in b.object_keys])
@@ -176,7 +183,10 @@ class BlockWriter:
                 pending = None
                 if k + 1 < len(batches):  # runs on the GPU (or the encode threads) while this thread writes
                     pending = encoder.launch(batches[k + 1].sel, batches[k + 1].keys)
-                total += self.writer.put_many(batch.objects(self, encoded))
+                timed("write: encode")
+                stored = self.writer.put_many(batch.objects(self, encoded))
+                timed("write: object writes", stored)
+                total += stored
                 del encoded
         finally:
             try:

@@ -41,6 +41,7 @@ Each row is warmed, then timed ``--repeats`` times (best and median).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import platform
@@ -54,11 +55,17 @@ import numpy as np
 
 from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, save
+from gpuzarr_dist.runtime.stages import READ_STAGES
 
 OUT_NAME = "t2m_anomaly"
 #: largest error allowed, in float32 roundings of the climatology's largest value: float32 means differ by a few
 #: (xarray's on numpy by up to 3 at 300 K, the rows here sum in float64); a wrong group is off by kelvins
 TOLERANCE_ULPS = 64
+#: the target of the 4-GPU row: at least this many times the 1-GPU row's rate
+TARGET_4 = 3.4
+#: what a row's staged run reports, in this order: a name and the stages (:mod:`gpuzarr_dist.runtime.stages`)
+#: it sums
+STAGE_GROUPS = (("file reads", READ_STAGES), ("encode", ("write: encode",)), ("object writes", ("write: object writes",)))
 #: the grid of --quick: 2.5 degrees
 QUICK_GRID = (73, 144)
 #: daily steps of --quick: a year and a month, so that every month is there
@@ -118,11 +125,12 @@ def _output_chunks(ds: Any) -> dict:
 
 
 def gpuzarr_workload(store: str, out: str, device: str, steps: int | None = None,
-                     xarray_groupby: bool = False) -> tuple[float, float, Any]:
+                     xarray_groupby: bool = False, between: Any = None) -> tuple[float, float, Any]:
     """The gpuzarr rows' pipeline on the connected cluster; ``(climatology s, anomaly s, climatology)``.
 
     ``steps``: only the first ``steps`` time steps. ``xarray_groupby``: xarray's
     own ``groupby`` (without flox on the GPU) instead of the stand-in.
+    ``between``: called (untimed) once the climatology is persisted, before the anomaly starts.
     """
     import xarray as xr
 
@@ -134,20 +142,22 @@ def gpuzarr_workload(store: str, out: str, device: str, steps: int | None = None
     if steps is not None:
         ds = ds.isel(time=slice(0, steps))
     t2m = ds.t2m
-    if xarray_groupby:
-        with xr.set_options(use_flox=device != "gpu"):  # flox's engines cannot reduce cupy blocks
-            clim = t2m.groupby("time.month").mean("time").persist()
-            _wait(clim)
-            t1 = time.perf_counter()
-            anom = t2m.groupby("time.month") - clim
-    else:
-        clim = groupby(t2m, "time.month").mean("time").persist()
+
+    def grouped() -> Any:
+        return t2m.groupby("time.month") if xarray_groupby else groupby(t2m, "time.month")
+
+    # flox's engines cannot reduce cupy blocks: xarray's own groupby runs without it on the GPU
+    with xr.set_options(use_flox=device != "gpu") if xarray_groupby else contextlib.nullcontext():
+        clim = grouped().mean("time").persist()
         _wait(clim)
         t1 = time.perf_counter()
-        anom = groupby(t2m, "time.month") - clim
+        if between is not None:
+            between()
+        t2 = time.perf_counter()
+        anom = grouped() - clim
     result = anom.to_dataset(name=OUT_NAME).drop_encoding()
     gz.to_zarr_gpu(result, out, chunks=_output_chunks(result), overwrite=True, device=device)
-    return t1 - t0, time.perf_counter() - t1, clim
+    return t1 - t0, time.perf_counter() - t2, clim
 
 
 def dask_cpu_workload(store: str, out: str, steps: int | None = None) -> tuple[float, float, Any]:
@@ -216,6 +226,90 @@ def _month_index(store: str, name: str = "t2m") -> np.ndarray:
     with xr.open_zarr(store) as ds:
         months = ds.time.dt.month.values
     return np.searchsorted(np.unique(months), months)
+
+
+# -- where the time goes -----------------------------------------------------------------------------------
+
+
+def stage_load(snap: dict[str, tuple[float, int, int]], wall: float) -> dict[str, dict[str, float]]:
+    """One worker's stages over one phase of ``wall`` seconds, per group of :data:`STAGE_GROUPS`: ``threads``,
+    the seconds summed over the worker's threads over ``wall`` (how many of its threads were in the stage at
+    once, on average; a worker's blocks take turns to read, so reads are at most 1), ``bytes`` the stage
+    moved, and ``gbps``, those bytes per second spent in it (per reading turn, per writing thread)."""
+    out = {}
+    for name, stages in STAGE_GROUPS:
+        picked = [v for k, v in snap.items() if k in stages]
+        sec, nbytes = sum(v[0] for v in picked), sum(v[2] for v in picked)
+        out[name] = {"seconds": sec, "threads": sec / wall if wall > 0 else 0.0, "bytes": nbytes,
+                     "gbps": nbytes / sec / 1e9 if sec > 0 else 0.0}
+    return out
+
+
+def staged_run(client: Any, store: str, out: str, device: str) -> dict[str, dict[str, Any]]:
+    """One more, untimed run of the workload with the stages recorded in every worker: per phase
+    (``climatology``, ``anomaly``) its seconds and each worker's :func:`stage_load`, by address."""
+    from gpuzarr_dist.runtime import stages
+
+    snaps: dict[str, dict] = {}
+
+    def between() -> None:
+        snaps["climatology"] = client.run(stages.take, True)
+
+    client.run(stages.take, True)
+    try:
+        clim_s, anom_s, clim = gpuzarr_workload(store, out, device, between=between)
+    finally:
+        snaps["anomaly"] = client.run(stages.take, False)
+    keys, clim = _persisted_keys(clim), None
+    _released(keys)
+    _rm(out)
+    walls = {"climatology": clim_s, "anomaly": anom_s}
+    return {phase: {"seconds": walls[phase], "workers": {w: stage_load(snap, walls[phase])
+                                                         for w, snap in sorted(got.items())}}
+            for phase, got in snaps.items()}
+
+
+def _mean_load(phase: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The workers' mean of each group's ``threads`` and ``gbps`` (over the workers that moved bytes), and the
+    bytes of all workers together."""
+    workers = list(phase["workers"].values())
+    out = {}
+    for name, _ in STAGE_GROUPS:
+        each = [w[name] for w in workers]
+        moving = [e["gbps"] for e in each if e["bytes"]]
+        out[name] = {"threads": statistics.fmean(e["threads"] for e in each) if each else 0.0,
+                     "gbps": statistics.fmean(moving) if moving else 0.0,
+                     "bytes": sum(e["bytes"] for e in each)}
+    return out
+
+
+def stage_lines(rows: list[Row]) -> list[str]:
+    """Each row's staged run (the workers' means), then every row against the first: how the host's reads
+    and writes slowed down per worker while the encodes (GPU) kept their share."""
+    staged = [r for r in rows if r.extra.get("stages")]
+    if not staged:
+        return []
+    lines = ["stages of one more run per row, per worker (mean of the workers): threads in the stage on average, "
+             "and the stage's bytes per second spent in it (stored bytes)"]
+    for r in staged:
+        for phase, got in r.extra["stages"].items():
+            load = _mean_load(got)
+            parts = []
+            for name, _ in STAGE_GROUPS:
+                g = load[name]
+                if g["threads"] or g["bytes"]:
+                    parts.append(f"{name} {g['threads']:.2f}" + (f" at {g['gbps']:.2f} GB/s" if g["bytes"] else ""))
+            lines.append(f"  {r.name}, {phase} ({got['seconds']:.2f} s): " + ", ".join(parts))
+    base = staged[0]
+    for r in staged[1:]:
+        for phase in r.extra["stages"]:
+            one, many = _mean_load(base.extra["stages"][phase]), _mean_load(r.extra["stages"][phase])
+            parts = [f"{name} {one[name]['gbps']:.2f} -> {many[name]['gbps']:.2f} GB/s "
+                     f"({many[name]['gbps'] / one[name]['gbps']:.2f}x)"
+                     for name, _ in STAGE_GROUPS if one[name]["gbps"] > 0 and many[name]["gbps"] > 0]
+            if parts:
+                lines.append(f"  {r.name} against {base.name}, {phase}, per worker: " + ", ".join(parts))
+    return lines
 
 
 # -- the benchmark ----------------------------------------------------------------------------------------
@@ -342,10 +436,14 @@ def run(args: Any) -> int:
         for n in counts:
             full = os.path.join(root, f"anomaly-{n}.zarr")
             check = os.path.join(root, f"anomaly-{n}-check.zarr")
-            with start_cluster(n, threads_per_gpu=threads, device=device, quiet=True, dashboard_address=None):
+            with start_cluster(n, threads_per_gpu=threads, device=device, quiet=True,
+                               dashboard_address=None) as client:
                 _released(_persisted_keys(gpuzarr_workload(store, check, device, subset)[2]))  # warm-up, its output checked against the CPU row's
                 totals, parts, clim = _timed(lambda: gpuzarr_workload(store, full, device), repeats, lambda: _rm(full))
                 gpu_clims[n] = _host_values(clim)
+                keys, clim = _persisted_keys(clim), None
+                _released(keys)
+                staged = staged_run(client, store, os.path.join(root, f"anomaly-{n}-staged.zarr"), device)
                 extra_row = None
                 if getattr(args, "xarray_row", False) and n == 1:
                     xcheck = os.path.join(root, "anomaly-xarray.zarr")
@@ -357,6 +455,7 @@ def run(args: Any) -> int:
                     failures += _verify(extra_row, xcheck, outs["cpu"], limit)
             row = _row(f"gpuzarr-dist, {n} {what}{'s' if n > 1 else ''}", totals, parts, 2 * nbytes,
                        "whole dataset")
+            row.extra["stages"] = staged
             failures += _verify(row, check, outs["cpu"], limit)
             err, _ = spot_check(store, full, gpu_clims[n], months)
             row.extra["spot_error"] = err
@@ -379,9 +478,14 @@ def run(args: Any) -> int:
 
         _print(rows, cpu_row)
         speedup = {n: r.gbps / cpu_row.gbps for n, r in zip(counts, [r for r in rows if r.name.startswith("gpuzarr")])}
+        for line in stage_lines(rows):
+            print(line)
         if device == "gpu" and 2 in speedup:
             print(f"target 2 GPUs >= 10x dask on {cores} CPU cores: {'met' if speedup[2] >= 10 else 'NOT met'} "
                   f"({speedup[2]:.1f}x)")
+        if device == "gpu" and 4 in speedup and 1 in speedup:
+            x4 = speedup[4] / speedup[1]
+            print(f"target 4 GPUs >= {TARGET_4}x one GPU: {'met' if x4 >= TARGET_4 else 'NOT met'} ({x4:.2f}x)")
         meta = {"device": device, "threads": threads, "time_steps": steps, "cpu_time_steps": cpu_steps,
                 "grid": [nlat, nlon], "counts": counts, "repeats": repeats, "cores": cores, "cpu_cluster": [procs, per],
                 "host": platform.node(), "quick": quick, "max_error_allowed": limit, "failures": failures,

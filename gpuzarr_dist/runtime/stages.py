@@ -1,12 +1,14 @@
-"""Opt-in timing of the stages of a read (index reads, range reads, H2D + decode, placement, window cuts).
+"""Opt-in timing of the stages of a read or a write (index reads, range reads, H2D + decode, placement,
+window cuts, file reads, encodes, object writes).
 
-``gpuzarr-dist bench shards`` (its stage table) and ``bench scale`` (each
-worker's file reads) turn it on to show where the time of a block or a window
-call goes. Off by default:
+``gpuzarr-dist bench shards`` (its stage table), ``bench scale`` (each
+worker's file reads) and ``bench climate`` (each worker's reads and writes)
+turn it on to show where the time of a block or a window call goes. Off by default:
 then :func:`stage_timer` hands back a no-op, so the read paths pay one
 function call per stage. Times are wall-clock seconds per thread, summed over
 threads (with 16 threads reading at once, a stage can sum to more than the run
 took); GPU stages include waiting for their stream where the code synchronises.
+A stage may also book the bytes it moved (file reads, object writes).
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+
+#: the stages in which a block reads its chunk files: local files on the GPU device (through kvikio or the I/O
+#: threads), any store on the CPU device
+READ_STAGES = ("files: reads (kvikio)", "files: reads", "chunk reads")
 
 _lock = threading.Lock()
 _totals: dict[str, list[float]] = {}
@@ -41,22 +47,34 @@ def snapshot() -> dict[str, tuple[float, int]]:
         return {k: (v[0], int(v[1])) for k, v in _totals.items()}
 
 
-def _noop(name: str) -> None:
+def take(on: bool) -> dict[str, tuple[float, int, int]]:
+    """``{stage: (seconds, calls, bytes)}`` recorded since the last call, then recording turned on (or off) and
+    cleared: what a benchmark runs in each worker (``client.run(take, True)`` before, ``take(False)`` after)."""
+    with _lock:
+        got = {k: (v[0], int(v[1]), int(v[2])) for k, v in _totals.items()}
+        _totals.clear()
+    enable(on)
+    return got
+
+
+def _noop(name: str, nbytes: int = 0) -> None:
     return None
 
 
-def stage_timer() -> Callable[[str], None]:
-    """A function ``mark(name)`` that books the time since the previous mark (or since this call) to ``name``."""
+def stage_timer() -> Callable[..., None]:
+    """A function ``mark(name, nbytes=0)`` that books the time since the previous mark (or since this call),
+    and ``nbytes`` moved in it, to ``name``."""
     if not _enabled[0]:
         return _noop
     last = [time.perf_counter()]
 
-    def mark(name: str) -> None:
+    def mark(name: str, nbytes: int = 0) -> None:
         now = time.perf_counter()
         with _lock:
-            slot = _totals.setdefault(name, [0.0, 0])
+            slot = _totals.setdefault(name, [0.0, 0, 0])
             slot[0] += now - last[0]
             slot[1] += 1
+            slot[2] += nbytes
         last[0] = now
 
     return mark

@@ -247,7 +247,8 @@ def stage_load(snap: dict[str, tuple[float, int, int]], wall: float) -> dict[str
 
 def staged_run(client: Any, store: str, out: str, device: str) -> dict[str, dict[str, Any]]:
     """One more, untimed run of the workload with the stages recorded in every worker: per phase
-    (``climatology``, ``anomaly``) its seconds and each worker's :func:`stage_load`, by address."""
+    (``climatology``, ``anomaly``) its seconds, each worker's :func:`stage_load` and each worker's every
+    stage (``stages``: ``{stage: (seconds, calls, bytes)}``), by address."""
     from gpuzarr_dist.runtime import stages
 
     snaps: dict[str, dict] = {}
@@ -264,8 +265,9 @@ def staged_run(client: Any, store: str, out: str, device: str) -> dict[str, dict
     _released(keys)
     _rm(out)
     walls = {"climatology": clim_s, "anomaly": anom_s}
-    return {phase: {"seconds": walls[phase], "workers": {w: stage_load(snap, walls[phase])
-                                                         for w, snap in sorted(got.items())}}
+    return {phase: {"seconds": walls[phase],
+                    "workers": {w: stage_load(snap, walls[phase]) for w, snap in sorted(got.items())},
+                    "stages": dict(sorted(got.items()))}
             for phase, got in snaps.items()}
 
 

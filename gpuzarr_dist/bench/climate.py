@@ -35,7 +35,11 @@ default on a machine with two GPUs or more (20 GB with one). Rows:
 - ``--xarray-row``: xarray's own ``t2m.groupby`` on one GPU (without flox),
   over the CPU row's time range, to show what the stand-in saves.
 
-Each row is warmed, then timed ``--repeats`` times (best and median).
+Each row is warmed, then timed ``--repeats`` times (best and median). Each
+GPU row then runs once more with the stages of :mod:`gpuzarr_dist.runtime.stages`
+recorded in every worker (:func:`staged_run`): per phase, how many of a
+worker's threads were in file reads, encodes and object writes, and the
+bytes they moved; every row is then compared with the first.
 ``--quick`` (or no GPU) runs a small grid on 1 and 2 CPU worker processes.
 """
 

@@ -14,6 +14,8 @@ Every row is run once untimed, then timed ``--repeats`` times (best and median).
   ``gpuzarr.cluster.placement`` off (dask places every block). Each prints the transfers between
   workers and each worker's busy fraction (task seconds / (span x threads)) of its median repeat,
   from dask's task stream; the largest N saves a dask performance report (HTML) beside the JSON.
+  One more run with the read stages on gives each worker's file reads (their share of the span, the
+  stored GB/s while reading) and, against one worker alone, the bound they set (:func:`read_bound`).
 
 Then ``first compute``: a fresh ``start_cluster`` (with and without ``gpuzarr.cluster.warm``), its
 first ``.mean`` and the warm median after it; and ``larger than one GPU``: the stores, repeated as

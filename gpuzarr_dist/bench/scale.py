@@ -100,10 +100,11 @@ def read_stats(snapshot: dict[str, tuple[float, int]], wall: float, stored: int)
 
 
 def read_bound(n: int, share: float, shared: float) -> float:
-    """How many times one worker's rate ``n`` workers can reach when one worker spends ``share`` of its time
-    reading files and the host gives ``n`` readers at once ``shared`` times what it gives one: the reads of
-    ``n`` workers' data take ``n / shared`` times one worker's, the rest runs side by side,
-    ``n / (n * share / shared + 1 - share)`` (docs/design.md, "Scaling over GPUs")."""
+    """How many times one worker's rate ``n`` workers reach, by the read model, when one worker spends ``share``
+    of its time reading files and the host gives ``n`` readers at once ``shared`` times what it gives one: the
+    reads of ``n`` workers' data take ``n / shared`` times one worker's and the rest runs side by side,
+    ``n / (n * share / shared + 1 - share)`` (docs/design.md, "Scaling over GPUs"). A model, not a strict
+    bound: a worker's other threads can work while one of them reads."""
     if shared <= 0:
         return 0.0
     return n / (n * share / shared + max(0.0, 1.0 - share))
@@ -413,7 +414,7 @@ class _Bench:
                                    f"({' / '.join(f'{e:.1f}' for e in each)}), one alone {one['stored_gbps']:.1f}: the "
                                    f"host gives {n} readers {shared:.2f}x one; reads fill "
                                    + " / ".join(f"{r['share']:.0%}" for r in res["reads"].values()) + " of the span, "
-                                   f"{one['share']:.0%} of one worker's: {n} workers can reach at most "
+                                   f"{one['share']:.0%} of one worker's: by the read model {n} workers reach "
                                    f"{read_bound(n, one['share'], shared):.2f}x one")
             res = self.results.get((gb, top), {})
             for kind in ("warm", "cold"):

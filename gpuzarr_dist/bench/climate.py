@@ -59,7 +59,7 @@ import numpy as np
 
 from gpuzarr_dist.bench.files import data_folder
 from gpuzarr_dist.bench.report import Row, save
-from gpuzarr_dist.runtime.stages import READ_STAGES
+from gpuzarr_dist.runtime.stages import READ_STAGES, summed
 
 OUT_NAME = "t2m_anomaly"
 #: largest error allowed, in float32 roundings of the climatology's largest value: float32 means differ by a few
@@ -241,9 +241,8 @@ def stage_load(snap: dict[str, tuple[float, int, int]], wall: float) -> dict[str
     once, on average; a worker's blocks take turns to read, so reads are at most 1), ``bytes`` the stage
     moved, and ``gbps``, those bytes per second spent in it (per reading turn, per writing thread)."""
     out = {}
-    for name, stages in STAGE_GROUPS:
-        picked = [v for k, v in snap.items() if k in stages]
-        sec, nbytes = sum(v[0] for v in picked), sum(v[2] for v in picked)
+    for name, names in STAGE_GROUPS:
+        sec, _, nbytes = summed(snap, names)
         out[name] = {"seconds": sec, "threads": sec / wall if wall > 0 else 0.0, "bytes": nbytes,
                      "gbps": nbytes / sec / 1e9 if sec > 0 else 0.0}
     return out

@@ -87,16 +87,15 @@ def _ceiling_in_worker(files_by_worker: dict, threads: int, device: str, dask_wo
 TARGETS = {2: 1.9, 4: 3.6}
 
 
-def read_stats(snapshot: dict[str, tuple[float, int]], wall: float, stored: int) -> dict[str, float]:
-    """One worker's file reads in one computation of ``wall`` seconds, from its stage times: the seconds its
-    blocks spent reading files (``files: reads``, summed over blocks: with one read turn per process,
-    blocks read one after another), that as a share of ``wall``, the blocks, and the rate of ``stored``
-    bytes while reading. A share near 1 means the worker waits for its reads: what bounds it is the host's
-    read path, and the rate says how fast the host gave it bytes."""
-    picked = [v for k, v in snapshot.items() if k in READ_STAGES]
-    seconds, blocks = sum(v[0] for v in picked), sum(v[1] for v in picked)
+def read_stats(snapshot: dict[str, tuple[float, int, int]], wall: float) -> dict[str, float]:
+    """One worker's file reads in one computation of ``wall`` seconds, from its stages (:func:`stages.take`):
+    the seconds its blocks spent reading files (``files: reads``, summed over blocks: with one read turn per
+    process, blocks read one after another), that as a share of ``wall``, the blocks, and the stored bytes
+    read per second while reading. A share near 1 means the worker waits for its reads: what bounds it is
+    the host's read path, and the rate says how fast the host gave it bytes."""
+    seconds, blocks, nbytes = stages.summed(snapshot, READ_STAGES)
     return {"read_s": seconds, "share": seconds / wall if wall > 0 else 0.0, "blocks": blocks,
-            "stored_gbps": stored / seconds / 1e9 if seconds > 0 else 0.0}
+            "stored_gbps": nbytes / seconds / 1e9 if seconds > 0 else 0.0}
 
 
 def read_bound(n: int, share: float, shared: float) -> float:
@@ -216,13 +215,10 @@ class _Bench:
         steps = self.steps(gb)
         return da.concatenate([from_zarr_gpu(s.path, device=self.device)[:steps] for s in self.stores[:n]], axis=0)
 
-    def stored_each(self, n: int, gb: float) -> list[int]:
-        """Stored bytes that each of the first ``n`` stores holds in its first ``gb`` per GPU."""
-        steps = self.steps(gb)
-        return [sum(os.path.getsize(p) for p in f[:steps]) for f in self.files[:n]]
-
     def stored(self, n: int, gb: float) -> int:
-        return sum(self.stored_each(n, gb))
+        """Stored bytes that the first ``n`` stores hold in their first ``gb`` per GPU."""
+        steps = self.steps(gb)
+        return sum(os.path.getsize(p) for f in self.files[:n] for p in f[:steps])
 
     def cluster(self, n: int, **config: Any) -> Any:
         import dask
@@ -297,14 +293,13 @@ class _Bench:
 
     def read_stages(self, client: Any, x: Any, n: int, gb: float) -> dict[str, dict[str, float]]:
         """One more, untimed, computation of ``x.mean`` with the read stages timed in the workers: each
-        worker's :func:`read_stats` (keyed by address, in address order; worker i reads store i)."""
+        worker's :func:`read_stats`, by address."""
         client.run(stages.take, True)
         t0 = time.perf_counter()
         x.mean(axis=0).compute()
         wall = time.perf_counter() - t0
         snaps = client.run(stages.take, False)
-        stored = self.stored_each(n, gb)
-        return {w: read_stats(snaps[w], wall, stored[i] if i < len(stored) else 0) for i, w in enumerate(sorted(snaps))}
+        return {w: read_stats(snaps[w], wall) for w in sorted(snaps)}
 
     def first_compute(self, n: int, gb: float, warm: bool) -> None:
         steps = self.steps(gb)
